@@ -1,0 +1,1 @@
+"""The IR: nodes, the closed set of primitive ops, the executor, autodiff, printing."""

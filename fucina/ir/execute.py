@@ -1,0 +1,76 @@
+"""The one executor every facade op goes through.
+
+``emit`` builds an IR node for a primitive and, in eager mode, runs it at
+once: views get a new layout over their input's storage, compute ops run a
+kernel into fresh storage. While a tracer is active (``fucina.compile``) the
+node gets a symbolic value instead and is recorded into the tracer's program.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..dtypes import DType
+from ..kernels import reference
+from ..runtime.gradmode import is_grad_enabled
+from ..runtime.raw import RawTensor
+from ..runtime.storage import Storage
+from .graph import Node
+from .ops import OPS
+
+
+class Tracer(Protocol):
+    """Receives nodes while a function is being traced."""
+
+    def record(self, node: Node) -> None:
+        """Append ``node`` to the program being traced."""
+
+
+_local = threading.local()
+
+
+def current_tracer() -> Tracer | None:
+    """The active tracer on this thread, if any."""
+    return getattr(_local, "tracer", None)
+
+
+def set_tracer(tracer: Tracer | None) -> Tracer | None:
+    """Install ``tracer`` (None to leave tracing); returns the previous one."""
+    prev = current_tracer()
+    _local.tracer = tracer
+    return prev
+
+
+def wrap_array(dtype: DType, arr: np.ndarray, shape: tuple[int, ...]) -> RawTensor:
+    """Adopt a freshly computed array as a contiguous raw tensor of logical ``shape``."""
+    flat = np.ascontiguousarray(arr, dtype=dtype.storage).reshape(-1)
+    out = RawTensor.symbolic(dtype, shape)
+    out.storage = Storage(flat)
+    return out
+
+
+def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] | None = None,
+         **attrs: Any) -> Node:
+    """Build (and in eager mode execute) one primitive node."""
+    d = OPS[op]
+    inputs = tuple(inputs)
+    tracer = current_tracer()
+    rg = d.differentiable and is_grad_enabled() and any(i.requires_grad for i in inputs)
+    if d.layout is not None:
+        value = d.layout(inputs[0].value, attrs)
+    else:
+        ins = [i.value for i in inputs]
+        shape, dtype = d.infer(ins, attrs)
+        if tracer is not None or any(v.is_symbolic for v in ins):
+            value = RawTensor.symbolic(dtype, shape)
+        else:
+            res = reference.run(op, attrs, [v.array() for v in ins], [v.dtype for v in ins], dtype)
+            value = wrap_array(dtype, res, shape)
+    # Eager no-grad results drop their inputs: nothing will walk back through them.
+    node = Node(op, inputs if (rg or tracer is not None) else (), attrs, value, tags, rg)
+    if tracer is not None:
+        tracer.record(node)
+    return node

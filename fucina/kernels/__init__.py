@@ -1,0 +1,1 @@
+"""Numpy/Numba kernels behind the Fucina tensor operations."""

@@ -1,0 +1,352 @@
+"""Reference kernels: every compute primitive over numpy arrays.
+
+Each kernel takes the op's attributes and its inputs as numpy arrays in
+logical shape (any strides) and returns the result array. They are the
+always-correct lowering every primitive has; generated kernels replace them
+where speed matters. Inputs arrive already validated (indices in range,
+shapes consistent): nothing here trusts unchecked user data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DType
+from .cast import bf16_to_f32, cast_array, f32_to_bf16
+
+Kernel = Callable[[dict[str, Any], list[np.ndarray], DType], np.ndarray]
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(name: str) -> Callable[[Kernel], Kernel]:
+    """Register a reference kernel for primitive ``name``."""
+
+    def deco(fn: Kernel) -> Kernel:
+        KERNELS[name] = fn
+        return fn
+
+    return deco
+
+
+def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    q = a // b
+    fix = ((a % b) != 0) & ((a < 0) != (b < 0))
+    return q + fix.astype(q.dtype)
+
+
+def _trunc_rem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a - _trunc_div(a, b) * b
+
+
+def _max_nan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.maximum(a, b)
+
+
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "pow": np.power,
+    "div_trunc": _trunc_div,
+    "div_floor": np.floor_divide,
+    "rem": _trunc_rem,
+    "mod": np.mod,
+    "bit_and": np.bitwise_and,
+    "bit_or": np.bitwise_or,
+    "bit_xor": np.bitwise_xor,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+
+_COMPARE = {
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+}
+
+
+@kernel("copy")
+def copy(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Contiguous copy."""
+    return np.array(ins[0], copy=True, order="C")
+
+
+@kernel("cast")
+def cast(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """dtype conversion by the casting table."""
+    return cast_array(ins[0], attrs["src"].value, out.value)
+
+
+@kernel("binary")
+def binary(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Same-shape elementwise binary op."""
+    with np.errstate(all="ignore"):
+        return _BINARY[attrs["fn"]](ins[0], ins[1])
+
+
+@kernel("compare")
+def compare(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Elementwise comparison against a tensor or a scalar."""
+    other = ins[1] if len(ins) > 1 else attrs["value"]
+    with np.errstate(all="ignore"):
+        return _COMPARE[attrs["fn"]](ins[0], other)
+
+
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "neg": np.negative,
+    "logical_not": np.logical_not,
+    "abs": np.abs,
+}
+
+
+@kernel("unary")
+def unary(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Elementwise unary op."""
+    with np.errstate(all="ignore"):
+        return _UNARY[attrs["fn"]](ins[0])
+
+
+@kernel("scalar")
+def scalar(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Elementwise op with a scalar operand: x (fn) value."""
+    a = ins[0]
+    v = np.asarray(attrs["value"]).astype(a.dtype)
+    fn = attrs["fn"]
+    with np.errstate(all="ignore"):
+        if fn == "add":
+            return a + v
+        if fn == "mul":
+            return a * v
+        if fn == "rsub":
+            return v - a
+        if fn == "div":
+            return a / v
+        if fn == "rdiv":
+            return v / a
+        if fn == "pow":
+            return np.power(a, v)
+    raise KeyError(fn)
+
+
+@kernel("where")
+def where(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """cond ? a : b."""
+    return np.where(ins[0], ins[1], ins[2])
+
+
+@kernel("reduce")
+def reduce(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """sum/mean/max/min/prod over axes, accumulating in the result dtype."""
+    a, axes, fn = ins[0], tuple(attrs["axes"]), attrs["fn"]
+    acc = out.storage
+    with np.errstate(all="ignore"):
+        if fn == "sum":
+            r = np.sum(a, axis=axes, dtype=acc)
+        elif fn == "mean":
+            r = np.sum(a, axis=axes, dtype=acc)
+            count = 1
+            for ax in axes:
+                count *= a.shape[ax]
+            r = r / acc.type(count)
+        elif fn == "max":
+            r = np.max(a, axis=axes)
+        elif fn == "min":
+            r = np.min(a, axis=axes)
+        elif fn == "prod":
+            r = np.prod(a, axis=axes, dtype=acc)
+        else:
+            raise KeyError(fn)
+    return np.asarray(r, dtype=acc)
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+@kernel("contract")
+def contract(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Two-operand contraction over labelled axes, accumulating in f32/f64."""
+    la, lb, lo = attrs["labels"]
+    spec = (
+        "".join(_LETTERS[i] for i in la) + ","
+        + "".join(_LETTERS[i] for i in lb) + "->"
+        + "".join(_LETTERS[i] for i in lo)
+    )
+    acc = np.float64 if out is DType.f64 else np.float32
+    # Scalars are stored as [1] but carry no labels.
+    a = ins[0].astype(acc, copy=False).reshape(ins[0].shape if la else ())
+    b = ins[1].astype(acc, copy=False).reshape(ins[1].shape if lb else ())
+    return np.einsum(spec, a, b, optimize=True)
+
+
+def _axis_first(a: np.ndarray, axis: int) -> np.ndarray:
+    return np.moveaxis(a, axis, 0)
+
+
+@kernel("gather")
+def gather(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Select positions ``index`` along ``axis``."""
+    return np.take(ins[0], attrs["index"], axis=attrs["axis"])
+
+
+@kernel("scatter_axis_add")
+def scatter_axis_add(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Zeros of length ``dim`` along ``axis`` with rows of the input added at ``index``."""
+    g, axis = ins[0], attrs["axis"]
+    shape = list(g.shape)
+    shape[axis] = attrs["dim"]
+    res = np.zeros(shape, dtype=g.dtype)
+    np.add.at(_axis_first(res, axis), attrs["index"], _axis_first(g, axis))
+    return res
+
+
+@kernel("index_add")
+def index_add(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """base with update rows added at ``index`` (duplicates accumulate)."""
+    res = np.array(ins[0], copy=True)
+    np.add.at(_axis_first(res, attrs["axis"]), attrs["index"], _axis_first(ins[1], attrs["axis"]))
+    return res
+
+
+@kernel("set_index")
+def set_index(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """base with rows at ``index`` overwritten by update."""
+    res = np.array(ins[0], copy=True)
+    _axis_first(res, attrs["axis"])[attrs["index"]] = _axis_first(ins[1], attrs["axis"])
+    return res
+
+
+@kernel("concat")
+def concat(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Join along ``axis``."""
+    return np.concatenate(ins, axis=attrs["axis"])
+
+
+def _fill_value(value: Any, out: DType) -> Any:
+    if out is DType.bf16:
+        return f32_to_bf16(np.asarray([value], dtype=np.float32))[0]
+    with np.errstate(all="ignore"):
+        return np.asarray(value).astype(out.storage)
+
+
+@kernel("pad")
+def pad(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Grow ``axis`` by ``before``/``after`` positions holding ``value``."""
+    a = ins[0]
+    widths = [(0, 0)] * a.ndim
+    widths[attrs["axis"]] = (attrs["before"], attrs["after"])
+    return np.pad(a, widths, mode="constant", constant_values=_fill_value(attrs["value"], out))
+
+
+def _full_index(idx: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[axis] = idx
+    return tuple(grids)
+
+
+@kernel("take_along")
+def take_along(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """out[..i..] = x[..idx[..i..]..] along ``axis`` (torch.gather)."""
+    x, idx = ins
+    return x[_full_index(idx, attrs["axis"])]
+
+
+@kernel("scatter_add")
+def scatter_add(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """base with src added at idx along ``axis`` (torch.scatter_add)."""
+    base, idx, src = ins
+    res = np.array(base, copy=True)
+    np.add.at(res, _full_index(idx, attrs["axis"]), src[tuple(slice(0, d) for d in idx.shape)])
+    return res
+
+
+@kernel("scatter")
+def scatter(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """base with src written at idx along ``axis`` (torch.scatter)."""
+    base, idx, src = ins
+    res = np.array(base, copy=True)
+    res[_full_index(idx, attrs["axis"])] = src[tuple(slice(0, d) for d in idx.shape)]
+    return res
+
+
+@kernel("gather_flat")
+def gather_flat(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """out.flat[i] = x.flat[index[i]], or ``fill`` where index[i] < 0."""
+    src = np.ascontiguousarray(ins[0]).reshape(-1)
+    index = attrs["index"]
+    res = src[np.maximum(index, 0)]
+    if attrs.get("has_fill"):
+        res = np.where(index >= 0, res, _fill_value(attrs["fill"], out))
+    return res.reshape(attrs["shape"])
+
+
+@kernel("scatter_flat_add")
+def scatter_flat_add(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Adjoint of gather_flat: zeros with g.flat[i] added at index[i] (index >= 0)."""
+    g = np.ascontiguousarray(ins[0]).reshape(-1)
+    index = attrs["index"]
+    keep = index >= 0
+    n = int(np.prod(attrs["shape"]))
+    res = np.bincount(index[keep], weights=g[keep].astype(np.float64), minlength=n)
+    return res.astype(g.dtype).reshape(attrs["shape"])
+
+
+@kernel("embed_view")
+def embed_view(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Adjoint of an affine view: zeros(in_shape) with g added at the viewed positions."""
+    g = ins[0]
+    coeffs, base = attrs["coeffs"], attrs["base"]
+    # Broadcast axes (no input axis) read one element many times: sum them first,
+    # after which the remaining map is injective and a plain strided add is exact.
+    bcast = tuple(k for k, row in enumerate(coeffs) if not any(row))
+    if bcast:
+        g = g.sum(axis=bcast, keepdims=True)
+    res = np.zeros(attrs["in_shape"], dtype=g.dtype)
+    item = res.itemsize
+    cstr = [s // item for s in res.strides]
+    shape = tuple(1 if k in bcast else d for k, d in enumerate(g.shape))
+    strides = tuple(0 if k in bcast else sum(c * s for c, s in zip(row, cstr))
+                    for k, row in enumerate(coeffs))
+    off = sum(b * s for b, s in zip(base, cstr))
+    target = np.ndarray(shape, dtype=res.dtype, buffer=res, offset=off * item,
+                        strides=tuple(s * item for s in strides))
+    target += g
+    return res
+
+
+@kernel("fill")
+def fill(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """A constant-filled tensor."""
+    return np.full(attrs["shape"], _fill_value(attrs["value"], out), dtype=out.storage)
+
+
+@kernel("dequantize")
+def dequantize(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """GGML blocks (storage shape) to f32 values (logical shape)."""
+    from .quant import dequantize as decode
+
+    return decode(ins[0], attrs["src"].value)
+
+
+# bf16 is stored as raw bits: arithmetic ops decode to f32 and narrow once.
+_BF16_MATH = frozenset({"binary", "unary", "scalar", "reduce", "contract", "compare"})
+
+
+def run(op: str, attrs: dict[str, Any], ins: list[np.ndarray], in_dtypes: list[DType],
+        out: DType) -> np.ndarray:
+    """Run primitive ``op`` and return a result in ``out``'s storage dtype."""
+    if op in _BF16_MATH:
+        ins = [bf16_to_f32(a) if dt is DType.bf16 else a for a, dt in zip(ins, in_dtypes)]
+    res = KERNELS[op](attrs, ins, out)
+    if out is DType.bf16 and op in _BF16_MATH:
+        return f32_to_bf16(np.asarray(res, dtype=np.float32))
+    return np.asarray(res, dtype=out.storage)

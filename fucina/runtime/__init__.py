@@ -1,0 +1,1 @@
+"""Runtime layer: storage, raw tensors, execution contexts, scopes, grad mode."""

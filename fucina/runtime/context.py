@@ -1,0 +1,152 @@
+"""ExecContext: the owner of tensors, raw constructors and exec scopes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DType, as_dtype
+from ..errors import InvalidDataLength, InvalidShape
+from .raw import RawTensor, check_shape
+
+
+def values_array(dtype: DType, shape: tuple[int, ...], values: Any) -> np.ndarray:
+    """Convert a host sequence/array to a flat storage array of ``shape``'s length."""
+    n = math.prod(shape)
+    if dtype.is_block:
+        arr = np.asarray(values)
+        if arr.dtype != dtype.storage:
+            raise InvalidDataLength(
+                f"{dtype.value} blocks must be a numpy array of dtype {dtype.storage}, "
+                f"got {arr.dtype}")
+        need = n // dtype.block_size
+        if arr.size != need:
+            raise InvalidDataLength(f"got {arr.size} blocks, shape {shape} needs {need}")
+        return arr.reshape(-1)
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError) as e:
+        raise InvalidDataLength(f"values are not a flat sequence of numbers: {e}") from None
+    if arr.dtype == object:
+        raise InvalidDataLength("values are not a flat sequence of numbers")
+    arr = arr.reshape(-1)
+    if arr.size != n:
+        raise InvalidDataLength(f"got {arr.size} values, shape {shape} needs {n}")
+    if dtype is DType.bf16 and arr.dtype != np.uint16:
+        from ..kernels.cast import f32_to_bf16
+
+        return f32_to_bf16(arr.astype(np.float32))
+    with np.errstate(all="ignore"):
+        return arr.astype(dtype.storage)
+
+
+class ExecContext:
+    """Every tensor belongs to the context that created it; ops run on it.
+
+    Exec scopes (``with ctx.exec_scope():``) release every op result made
+    inside when the block ends.
+    """
+
+    def __init__(self) -> None:
+        self._scopes: list[list[Any]] = []
+        self.closed = False
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def deinit(self) -> None:
+        """Release the context (tensors keep their own storage alive)."""
+        self.closed = True
+
+    def __enter__(self) -> ExecContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.deinit()
+
+    @contextmanager
+    def exec_scope(self) -> Iterator[ExecContext]:
+        """Adopt op results made inside the block and release them at its end."""
+        adopted: list[Any] = []
+        self._scopes.append(adopted)
+        try:
+            yield self
+        finally:
+            self._scopes.pop()
+            for t in reversed(adopted):
+                t._release_from_scope()
+
+    def adopt(self, tensor: Any) -> bool:
+        """Register an op result with the innermost open scope; True if adopted."""
+        if self._scopes:
+            self._scopes[-1].append(tensor)
+            return True
+        return False
+
+    @property
+    def scope_active(self) -> bool:
+        """True while an exec scope is open."""
+        return bool(self._scopes)
+
+    # -- raw constructors (f32) -------------------------------------------------
+
+    def from_slice(self, shape: Any, values: Any) -> RawTensor:
+        """Copy ``values`` into a new f32 raw tensor of ``shape``."""
+        return self.from_slice_typed(DType.f32, shape, values)
+
+    def empty(self, shape: Any) -> RawTensor:
+        """Uninitialized f32 raw tensor."""
+        return self.empty_typed(DType.f32, shape)
+
+    def zeros(self, shape: Any) -> RawTensor:
+        """f32 zeros."""
+        return self.full_typed(DType.f32, shape, 0)
+
+    def ones(self, shape: Any) -> RawTensor:
+        """f32 ones."""
+        return self.full_typed(DType.f32, shape, 1)
+
+    def full(self, shape: Any, value: float) -> RawTensor:
+        """f32 filled with ``value``."""
+        return self.full_typed(DType.f32, shape, value)
+
+    def scalar(self, value: float) -> RawTensor:
+        """Single-element f32 raw tensor of shape (1,)."""
+        return self.full_typed(DType.f32, (1,), value)
+
+    # -- typed forms --------------------------------------------------------------
+
+    def from_slice_typed(self, dtype: Any, shape: Any, values: Any) -> RawTensor:
+        """Copy ``values`` into a new raw tensor of ``dtype``."""
+        dt = as_dtype(dtype)
+        shp = check_shape(shape)
+        return RawTensor.from_array(dt, values_array(dt, shp, values), shp)
+
+    def empty_typed(self, dtype: Any, shape: Any) -> RawTensor:
+        """Uninitialized raw tensor of ``dtype``."""
+        return RawTensor.empty(as_dtype(dtype), check_shape(shape))
+
+    def zeros_typed(self, dtype: Any, shape: Any) -> RawTensor:
+        """Zeros of ``dtype``."""
+        return self.full_typed(dtype, shape, 0)
+
+    def ones_typed(self, dtype: Any, shape: Any) -> RawTensor:
+        """Ones of ``dtype``."""
+        return self.full_typed(dtype, shape, 1)
+
+    def full_typed(self, dtype: Any, shape: Any, value: Any) -> RawTensor:
+        """``dtype`` raw tensor filled with ``value`` (cast by the dtype's rules)."""
+        dt = as_dtype(dtype)
+        if dt.is_block:
+            raise InvalidShape(f"{dt.value} tensors are built from blocks, not filled")
+        shp = check_shape(shape)
+        out = RawTensor.empty(dt, shp)
+        out.array()[...] = values_array(dt, (1,), [value])[0]
+        return out
+
+    def scalar_typed(self, dtype: Any, value: Any) -> RawTensor:
+        """Single-element raw tensor of ``dtype``."""
+        return self.full_typed(dtype, (1,), value)

@@ -1,0 +1,24 @@
+"""Thread-local gradient switch (``fucina.no_grad``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_state = threading.local()
+
+
+def is_grad_enabled() -> bool:
+    """True unless a ``no_grad()`` block is active on this thread."""
+    return getattr(_state, "depth", 0) == 0
+
+
+@contextmanager
+def no_grad() -> Iterator[None]:
+    """Disable gradient recording inside the block (nests; thread-local)."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1

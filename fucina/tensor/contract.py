@@ -1,0 +1,135 @@
+"""Contractions by name: dot, einsum and einsum_many share one lowering.
+
+Roles come from the shared x kept table in ``tags.py``. Private axes that
+the output drops are summed away first, so the ``contract`` primitive only
+ever sees batch, contracted and free axes; its gradient is again a
+contraction through the same primitive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .. import tags as T
+from ..dtypes import DType
+from ..errors import ShapeMismatch, TagError, UnsupportedGradient
+from ..ir.execute import emit
+from ..ir.graph import Node
+from .base import check_tensor, method, result, same_ctx, sizes_of
+
+
+def _result_dtype(a: DType, b: DType) -> DType:
+    if a is b:
+        return a
+    if a is DType.f32 and b in (DType.f16, DType.bf16):
+        return DType.f32  # mixed f32 x f16/bf16 constant RHS
+    raise TagError(f"contraction of {a.value} with {b.value}: cast one side explicitly")
+
+
+def _presum(x: Any, node: Node, tags_: tuple[str, ...], drop: Sequence[str]) -> tuple[Node, tuple]:
+    """Sum away private axes the output drops; returns the node and its remaining tags."""
+    if not drop:
+        return node, tags_
+    axes = tuple(sorted(tags_.index(t) for t in drop))
+    acc = DType.f64 if node.dtype is DType.f64 else DType.f32
+    summed = emit("reduce", (node,), fn="sum", axes=axes, dtype=acc)
+    rest = tuple(t for t in tags_ if t not in drop)
+    if node.dtype not in (DType.f32, DType.f64):  # keep the operand dtype (f16/bf16)
+        summed = emit("cast", (summed,), dtype=node.dtype, src=acc)
+    return summed, rest
+
+
+def contract_nodes(a: Any, an: Node, at: tuple[str, ...], b: Any, bn: Node,
+                   bt: tuple[str, ...], out: tuple[str, ...], dtype: DType) -> Node:
+    """Contract two nodes with tags ``at``/``bt`` into ``out`` (validated) order."""
+    sa = dict(zip(at, an.shape)) if at else {}
+    sb = dict(zip(bt, bn.shape)) if bt else {}
+    for t in at:
+        if t in sb and sa[t] != sb[t]:
+            raise ShapeMismatch(f"tag {t!r} has sizes {sa[t]} and {sb[t]} in the contraction")
+    an, at = _presum(a, an, at, [t for t in at if t not in bt and t not in out])
+    bn, bt = _presum(b, bn, bt, [t for t in bt if t not in at and t not in out])
+    label = {t: i for i, t in enumerate(T.union(at, bt))}
+    shape = tuple(sa[t] if t in sa else sb[t] for t in out) or (1,)
+    return emit("contract", (an, bn), labels=(tuple(label[t] for t in at),
+                                              tuple(label[t] for t in bt),
+                                              tuple(label[t] for t in out)),
+                shape=shape, dtype=dtype)
+
+
+def _check_grad(self: Any, other: Any) -> None:
+    if self.dtype is not DType.f32 and (self.requires_grad or other.requires_grad):
+        raise UnsupportedGradient(
+            f"{self.dtype.value} contractions are forward-only; cast with to('f32')")
+
+
+@method
+def dot(self: Any, other: Any, contract: str) -> Any:
+    """Contract ``contract`` (present in both); result tags batch ++ left free ++ right free."""
+    check_tensor(other)
+    same_ctx(self, other)
+    out = T.dot_result(self.axis_tags, other.axis_tags, T.check_tag(contract))
+    dt = _result_dtype(self.dtype, other.dtype)
+    _check_grad(self, other)
+    node = contract_nodes(self, self._node, self.axis_tags, other, other._node,
+                          other.axis_tags, out, dt)
+    return result(self, out, node, dt)
+
+
+@method
+def einsum(self: Any, other: Any, out_tags: Any) -> Any:
+    """Two-operand einsum over named axes into ``out_tags``.
+
+    Shared tags kept in the output are batch axes, shared and dropped are
+    contracted, private and kept are free, private and dropped are summed.
+    """
+    check_tensor(other)
+    same_ctx(self, other)
+    out = T.einsum_validate(self.axis_tags, other.axis_tags, T.normalize_tags(out_tags))
+    dt = _result_dtype(self.dtype, other.dtype)
+    _check_grad(self, other)
+    node = contract_nodes(self, self._node, self.axis_tags, other, other._node,
+                          other.axis_tags, out, dt)
+    return result(self, out, node, dt)
+
+
+def einsum_many(out_tags: Any, operands: Sequence[Any]) -> Any:
+    """N-ary einsum over named axes: contract left to right into ``out_tags``."""
+    ops = list(operands)
+    if not ops:
+        raise TagError("einsum_many needs at least one operand")
+    for x in ops:
+        check_tensor(x)
+    first = ops[0]
+    same_ctx(first, *ops[1:])
+    out = T.einsum_many_validate([x.axis_tags for x in ops], T.normalize_tags(out_tags))
+    sizes: dict[str, int] = {}
+    for x in ops:
+        for t, d in sizes_of(x).items():
+            if sizes.setdefault(t, d) != d:
+                raise ShapeMismatch(f"tag {t!r} has sizes {sizes[t]} and {d} across operands")
+    dt = first.dtype
+    for x in ops[1:]:
+        dt = _result_dtype(dt, x.dtype)
+    if dt is not DType.f32 and any(x.requires_grad for x in ops):
+        raise UnsupportedGradient("einsum_many on non-f32 operands is forward-only")
+    node, tags_ = first._node, first.axis_tags
+    if len(ops) == 1:
+        node, tags_ = _presum(first, node, tags_, [t for t in tags_ if t not in out])
+        nxt = contract_nodes(first, node, tags_, first, _ones_like_scalar(node), (), out, dt)
+        return result(first, out, nxt, dt)
+    for k, x in enumerate(ops[1:], start=1):
+        later = set(out)
+        for y in ops[k + 1:]:
+            later.update(y.axis_tags)
+        keep = tuple(t for t in T.union(tags_, x.axis_tags) if t in later)
+        if k == len(ops) - 1:
+            keep = out
+        node = contract_nodes(first, node, tags_, x, x._node, x.axis_tags, keep, dt)
+        tags_ = keep
+    return result(first, out, node, dt)
+
+
+def _ones_like_scalar(node: Node) -> Node:
+    return emit("fill", (), shape=(1,), dtype=node.dtype, value=1)

@@ -1,0 +1,519 @@
+"""Copying structural ops: gather/scatter, concat/stack, pad, flip/roll, reshape, masks.
+
+Index arguments are host-side control data, validated before anything runs
+(``IndexOutOfBounds`` names the index and the axis). Gradients route through
+the index maps via the gather/scatter primitives' VJP rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import tags as T
+from ..dtypes import DType
+from ..errors import (
+    EmptySelection,
+    IndexOutOfBounds,
+    InvalidShape,
+    ShapeMismatch,
+    TagError,
+    UnsupportedGradient,
+)
+from ..ir.execute import emit
+from ..ir.graph import Node, leaf
+from ..runtime.raw import RawTensor
+from .base import (
+    align_node,
+    check_tensor,
+    host_indices,
+    identity_coeffs,
+    method,
+    result,
+    same_ctx,
+    sizes_of,
+)
+from .views import insert_axis, narrow
+
+
+def _const(dtype: DType, arr: np.ndarray) -> Node:
+    """A constant leaf built host-side (masks, identity matrices)."""
+    if dtype is DType.bf16:
+        from ..kernels.cast import f32_to_bf16
+
+        arr = f32_to_bf16(arr.astype(np.float32))
+    return leaf(RawTensor.from_array(dtype, arr), None, False)
+
+
+def _same_type(self: Any, other: Any, what: str) -> None:
+    check_tensor(other, what)
+    same_ctx(self, other)
+    if type(other) is not type(self):
+        raise TagError(f"{what} must be a {type(self)!r}, got {type(other)!r}")
+
+
+def _match_except(self: Any, other: Any, tag: str, what: str) -> None:
+    for t, a, b in zip(self.axis_tags, self.shape, other.shape):
+        if t != tag and a != b:
+            raise ShapeMismatch(f"{what}: tag {t!r} has size {b}, expected {a}")
+
+
+def _gather_node(self: Any, axis: int, idx: np.ndarray) -> Node:
+    return emit("gather", (self._node,), axis=axis, index=idx)
+
+
+@method
+def concat(self: Any, tag: str, others: Sequence[Any]) -> Any:
+    """Join self and ``others`` (same type) along the existing axis ``tag``."""
+    i = T.index(self.axis_tags, tag)
+    others = list(others)
+    for o in others:
+        _same_type(self, o, "concat operand")
+        _match_except(self, o, tag, "concat")
+    if self.dtype.is_block and (self.tag_count != 2 or i != 0):
+        raise TagError(f"{self.dtype.value} concat joins rank-2 tensors along the row axis only")
+    if not others:
+        return self.materialize()
+    node = emit("concat", (self._node, *(o._node for o in others)), axis=i)
+    return result(self, self.axis_tags, node)
+
+
+@method
+def stack(self: Any, new_tag: str, axis_index: int, others: Sequence[Any]) -> Any:
+    """Stack self and ``others`` along a new axis ``new_tag`` at ``axis_index``."""
+    others = list(others)
+    for o in others:
+        _same_type(self, o, "stack operand")
+        if o.shape != self.shape:
+            raise ShapeMismatch(f"stack: shapes {o.shape} and {self.shape} differ")
+    parts = [insert_axis(x, new_tag, axis_index) for x in [self, *others]]
+    return parts[0].concat(new_tag, parts[1:])
+
+
+@method
+def gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
+    """Rows ``indices`` along ``tag`` (host ints), the axis retagged ``out_tag``."""
+    i = T.index(self.axis_tags, tag)
+    out = T.replace_tag(self.axis_tags, tag, out_tag)
+    idx = host_indices(indices, self._node.shape[i], tag)
+    return result(self, out, _gather_node(self, i, idx))
+
+
+def _index_tensor(index: Any, what: str) -> np.ndarray:
+    check_tensor(index, what)
+    if index.dtype is not DType.i64:
+        raise TagError(f"{what} must be an i64 tensor, got {index.dtype.value}")
+    return index.numpy()
+
+
+@method
+def index_select(self: Any, tag: str, index: Any, out_tag: str) -> Any:
+    """torch.index_select: ``gather`` with a rank-1 i64 index tensor."""
+    check_tensor(index, "index")
+    if index.tag_count != 1:
+        raise TagError(f"index_select needs a rank-1 index tensor, got tags {index.axis_tags}")
+    return gather(self, tag, _index_tensor(index, "index").reshape(-1), out_tag)
+
+
+@method
+def get_rows(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
+    """Gather rows of a rank-2 block-quantized tensor and dequantize them to f32."""
+    i = T.index(self.axis_tags, tag)
+    if self.tag_count != 2 or i != 0:
+        raise TagError("get_rows gathers along the row (first) axis of a rank-2 tensor")
+    out = T.replace_tag(self.axis_tags, tag, out_tag)
+    idx = host_indices(indices, self._node.shape[i], tag)
+    rows = _gather_node(self, i, idx)
+    return result(self, out, emit("dequantize", (rows,), src=self.dtype), DType.f32)
+
+
+def _set_rows_node(self: Any, axis: int, idx: np.ndarray, update: Node) -> Node:
+    return emit("set_index", (self._node, update), axis=axis, index=idx)
+
+
+@method
+def set_slice(self: Any, tag: str, start: int, update: Any) -> Any:
+    """Copy of self with [start, start+len) along ``tag`` overwritten by ``update``."""
+    i = T.index(self.axis_tags, tag)
+    _same_type(self, update, "update")
+    _match_except(self, update, tag, "set_slice")
+    n, dim = update.shape[i], self.shape[i]
+    if not isinstance(start, int) or start < 0 or start + n > dim:
+        raise IndexOutOfBounds(f"set_slice: [{start}, {start}+{n}) out of range for {tag!r} "
+                               f"of size {dim}")
+    idx = np.arange(start, start + n, dtype=np.int64)
+    return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
+
+
+@method
+def set_rows(self: Any, tag: str, indices: Any, update: Any) -> Any:
+    """Copy of self with rows ``indices`` (unique) along ``tag`` overwritten by ``update``."""
+    i = T.index(self.axis_tags, tag)
+    _same_type(self, update, "update")
+    idx = host_indices(indices, self.shape[i], tag)
+    if len(np.unique(idx)) != idx.size:
+        raise InvalidShape(f"set_rows: duplicate indices in {idx.tolist()}")
+    if update.shape[i] != idx.size:
+        raise InvalidShape(f"set_rows: update has {update.shape[i]} rows along {tag!r}, "
+                           f"{idx.size} indices given")
+    _match_except(self, update, tag, "set_rows")
+    return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
+
+
+@method
+def index_add(self: Any, tag: str, indices: Any, update: Any) -> Any:
+    """Copy of self with ``update``'s rows added at ``indices`` (duplicates accumulate)."""
+    i = T.index(self.axis_tags, tag)
+    _same_type(self, update, "update")
+    idx = host_indices(indices, self.shape[i], tag)
+    if update.shape[i] != idx.size:
+        raise InvalidShape(f"index_add: update has {update.shape[i]} rows along {tag!r}, "
+                           f"{idx.size} indices given")
+    _match_except(self, update, tag, "index_add")
+    node = emit("index_add", (self._node, update._node), axis=i, index=idx)
+    return result(self, self.axis_tags, node)
+
+
+def _zero_rows(self: Any, axis: int, idx: np.ndarray) -> Any:
+    shape = list(self.shape)
+    shape[axis] = idx.size
+    zeros = emit("fill", (), shape=tuple(shape), dtype=self.dtype, value=0)
+    return result(self, self.axis_tags, _set_rows_node(self, axis, idx, zeros))
+
+
+@method
+def zero_slice(self: Any, tag: str, start: int, length: int) -> Any:
+    """Copy of self with [start, start+length) along ``tag`` zeroed."""
+    i = T.index(self.axis_tags, tag)
+    dim = self.shape[i]
+    if not isinstance(length, int) or length <= 0:
+        raise InvalidShape(f"zero_slice: length {length!r} must be positive")
+    if not isinstance(start, int) or start < 0 or start + length > dim:
+        raise IndexOutOfBounds(f"zero_slice: [{start}, {start}+{length}) out of range for "
+                               f"{tag!r} of size {dim}")
+    return _zero_rows(self, i, np.arange(start, start + length, dtype=np.int64))
+
+
+@method
+def zero_rows(self: Any, tag: str, indices: Any) -> Any:
+    """Copy of self with rows ``indices`` along ``tag`` zeroed."""
+    i = T.index(self.axis_tags, tag)
+    return _zero_rows(self, i, np.unique(host_indices(indices, self.shape[i], tag)))
+
+
+@method
+def flip(self: Any, tag: str) -> Any:
+    """Reverse the axis ``tag``."""
+    i = T.index(self.axis_tags, tag)
+    idx = np.arange(self.shape[i] - 1, -1, -1, dtype=np.int64)
+    return result(self, self.axis_tags, _gather_node(self, i, idx))
+
+
+@method
+def roll(self: Any, tag: str, shift: int) -> Any:
+    """Rotate the axis ``tag`` by ``shift`` (torch.roll: element i moves to i + shift)."""
+    i = T.index(self.axis_tags, tag)
+    if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
+        raise TypeError(f"roll shift must be an int, got {shift!r}")
+    n = self.shape[i]
+    idx = (np.arange(n, dtype=np.int64) - int(shift)) % n
+    return result(self, self.axis_tags, _gather_node(self, i, idx))
+
+
+@method
+def repeat_axis(self: Any, tag: str, n: int) -> Any:
+    """Tile the axis ``tag`` n times ([a, b] -> [a, b, a, b])."""
+    i = T.index(self.axis_tags, tag)
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise InvalidShape(f"repeat_axis needs n >= 1, got {n!r}")
+    if n == 1:
+        r = len(self.shape)
+        return result(self, self.axis_tags, emit(
+            "view", (self._node,), shape=self.shape, coeffs=identity_coeffs(r), base=(0,) * r))
+    idx = np.tile(np.arange(self.shape[i], dtype=np.int64), n)
+    return result(self, self.axis_tags, _gather_node(self, i, idx))
+
+
+def _pad_node(node: Node, axis: int, before: int, after: int, fill: float) -> Node:
+    return emit("pad", (node,), axis=axis, before=before, after=after, value=fill)
+
+
+@method
+def pad(self: Any, tag: str, before: int, after: int, fill: float = 0.0) -> Any:
+    """Grow ``tag`` by ``before`` + ``after`` positions holding ``fill``."""
+    i = T.index(self.axis_tags, tag)
+    for v in (before, after):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InvalidShape(f"pad amounts must be non-negative ints, got {before!r}, {after!r}")
+    return result(self, self.axis_tags, _pad_node(self._node, i, before, after, fill))
+
+
+def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
+    if isinstance(padding, int) and not isinstance(padding, bool):
+        padding = (padding,) * 4
+    padding = tuple(padding)
+    if len(padding) != 4 or not all(isinstance(p, int) for p in padding):
+        raise InvalidShape(f"padding must be an int or (left, right, top, bottom), got {padding}")
+    left, right, top, bottom = padding
+    x, padded = self, False
+    for tag, lo, hi in ((w, left, right), (h, top, bottom)):
+        dim = x.dim(tag)
+        crop_lo, crop_hi = max(0, -lo), max(0, -hi)
+        if dim - crop_lo - crop_hi <= 0:
+            raise InvalidShape(f"padding {padding} crops {tag!r} of size {dim} to nothing")
+        if crop_lo or crop_hi:
+            x = narrow(x, tag, crop_lo, dim - crop_lo - crop_hi)
+        if lo > 0 or hi > 0:
+            x = result(x, x.axis_tags, _pad_node(x._node, T.index(x.axis_tags, tag),
+                                                 max(lo, 0), max(hi, 0), fill))
+            padded = True
+    # Padding allocates; pure crops are views, so copy them to return owned storage.
+    return x if padded else x.materialize()
+
+
+@method
+def zero_pad2d(self: Any, h_tag: str, w_tag: str, padding: Any) -> Any:
+    """nn.ZeroPad2d over named axes: (left, right, top, bottom); negatives crop."""
+    T.index(self.axis_tags, h_tag)
+    T.index(self.axis_tags, w_tag)
+    return _pad2d(self, h_tag, w_tag, padding, 0.0)
+
+
+@method
+def constant_pad2d(self: Any, h_tag: str, w_tag: str, padding: Any, fill: float) -> Any:
+    """nn.ConstantPad2d over named axes: (left, right, top, bottom); negatives crop."""
+    T.index(self.axis_tags, h_tag)
+    T.index(self.axis_tags, w_tag)
+    return _pad2d(self, h_tag, w_tag, padding, fill)
+
+
+# -- reshape family ----------------------------------------------------------------------
+
+
+@method
+def reshape(self: Any, new_tags: Any, new_shape: Any) -> Any:
+    """Row-major reinterpretation to ``new_tags`` at ``new_shape`` (view when contiguous)."""
+    tgt = T.normalize_tags(new_tags)
+    shp = tuple(int(d) for d in new_shape)
+    if len(shp) != len(tgt) or any(d <= 0 for d in shp):
+        raise InvalidShape(f"reshape: shape {tuple(new_shape)} does not fit tags {tgt}")
+    raw_shape = shp or (1,)
+    if math.prod(raw_shape) != self._node.value.numel:
+        raise InvalidShape(f"reshape: {math.prod(raw_shape)} elements requested, tensor has "
+                           f"{self._node.value.numel}")
+    node = self._node
+    if not node.value.is_contiguous():
+        node = emit("copy", (node,))
+    return result(self, tgt, emit("reshape", (node,), shape=raw_shape))
+
+
+@method
+def flatten(self: Any, out_tag: str) -> Any:
+    """Rank-1 ``out_tag`` over every element (copies only a non-contiguous source)."""
+    return reshape(self, (T.check_tag(out_tag),), (self._node.value.numel,))
+
+
+# -- masks ---------------------------------------------------------------------------------
+
+
+def _mask_flags(self: Any, mask: Any) -> np.ndarray:
+    check_tensor(mask, "mask")
+    same_ctx(self, mask)
+    if mask.requires_grad:
+        raise UnsupportedGradient("a mask is control data and must not require grad")
+    if set(mask.axis_tags) != set(self.axis_tags):
+        raise TagError(f"mask tags {mask.axis_tags} differ from {self.axis_tags}")
+    sizes = sizes_of(mask)
+    for t, d in zip(self.axis_tags, self.shape):
+        if sizes[t] != d:
+            raise ShapeMismatch(f"mask: tag {t!r} has size {sizes[t]}, tensor has {d}")
+    arr = mask.permute_to(self.axis_tags).numpy() if self.tag_count else mask.numpy()
+    if mask.dtype is DType.bf16:
+        from ..kernels.cast import bf16_to_f32
+
+        arr = bf16_to_f32(arr)
+    return (arr != 0).reshape(-1)
+
+
+@method
+def masked_select(self: Any, mask: Any, out_tag: str) -> Any:
+    """Rank-1 ``out_tag`` of the elements where ``mask`` is nonzero (row-major)."""
+    T.check_tag(out_tag)
+    flags = _mask_flags(self, mask)
+    idx = np.flatnonzero(flags).astype(np.int64)
+    if idx.size == 0:
+        raise EmptySelection("masked_select: the mask selects nothing")
+    node = emit("gather_flat", (self._node,), index=idx, shape=(idx.size,))
+    return result(self, (out_tag,), node)
+
+
+@method
+def masked_scatter(self: Any, mask: Any, values_tag: str, values: Any) -> Any:
+    """Copy of self with rank-1 ``values`` written where ``mask`` is nonzero (row-major)."""
+    flags = _mask_flags(self, mask)
+    check_tensor(values, "values")
+    same_ctx(self, values)
+    if values.axis_tags != (values_tag,):
+        raise TagError(f"values must be tagged ({values_tag!r},), got {values.axis_tags}")
+    if values.dtype is not self.dtype:
+        raise TagError(f"values dtype {values.dtype.value} differs from {self.dtype.value}")
+    count = int(flags.sum())
+    if count == 0:
+        raise EmptySelection("masked_scatter: the mask selects nothing")
+    if values.shape[0] != count:
+        raise InvalidShape(f"masked_scatter: {values.shape[0]} values for {count} positions")
+    src = np.full(flags.size, -1, dtype=np.int64)
+    src[flags] = np.arange(count, dtype=np.int64)
+    spread = emit("gather_flat", (values._node,), index=src, shape=self._node.shape,
+                  has_fill=True, fill=0)
+    cond = _const(DType.bool, flags.reshape(self._node.shape))
+    return result(self, self.axis_tags, emit("where", (cond, spread, self._node)))
+
+
+@method
+def nonzero(self: Any) -> list[int]:
+    """Row-major flat indices of the nonzero elements (NaN counts), host-side."""
+    arr = self.numpy()
+    if self.dtype is DType.bf16:
+        from ..kernels.cast import bf16_to_f32
+
+        arr = bf16_to_f32(arr)
+    return np.flatnonzero(arr.reshape(-1) != 0).tolist()
+
+
+def _section_index(self: Any, tag: str, offsets: Any, circular: bool) -> np.ndarray:
+    i = T.index(self.axis_tags, tag)
+    shape = self._node.shape
+    n = shape[i]
+    sections = self._node.value.numel // n
+    off = np.asarray(offsets)
+    if off.ndim != 1 or off.size != sections or not np.issubdtype(off.dtype, np.integer):
+        raise InvalidShape(f"expected {sections} integer offsets (one per section along "
+                           f"{tag!r}), got {off.size}")
+    base = np.moveaxis(np.arange(self._node.value.numel, dtype=np.int64).reshape(shape), i, -1)
+    moved_shape = base.shape
+    rows = base.reshape(sections, n)
+    j = np.arange(n, dtype=np.int64)[None, :] - off.astype(np.int64)[:, None]
+    if circular:
+        j %= n
+        src = np.take_along_axis(rows, j, axis=1)
+    else:
+        valid = (j >= 0) & (j < n)
+        src = np.where(valid, np.take_along_axis(rows, np.clip(j, 0, n - 1), axis=1), -1)
+    return np.moveaxis(src.reshape(moved_shape), -1, i).reshape(-1)
+
+
+@method
+def roll_by(self: Any, tag: str, offsets: Any) -> Any:
+    """Roll each section along ``tag`` by its own offset (roll's sign convention)."""
+    idx = _section_index(self, tag, offsets, circular=True)
+    node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape)
+    return result(self, self.axis_tags, node)
+
+
+@method
+def shift_by(self: Any, tag: str, offsets: Any, fill: float = 0.0) -> Any:
+    """Non-circular per-section shift along ``tag``; shifted-in positions hold ``fill``."""
+    idx = _section_index(self, tag, offsets, circular=False)
+    node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape,
+                has_fill=True, fill=fill)
+    return result(self, self.axis_tags, node)
+
+
+# -- per-element indexed ops ----------------------------------------------------------------
+
+
+def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) -> tuple:
+    i = T.index(self.axis_tags, tag)
+    check_tensor(indices, "indices")
+    same_ctx(self, indices)
+    if indices.dtype is not DType.i64:
+        raise TagError(f"indices must be an i64 tensor, got {indices.dtype.value}")
+    if set(indices.axis_tags) != set(self.axis_tags):
+        raise TagError(f"indices tags {indices.axis_tags} differ from {self.axis_tags}")
+    isz = sizes_of(indices)
+    ishape = tuple(isz[t] for t in self.axis_tags) or (1,)
+    for t, d in zip(self.axis_tags, self.shape):
+        if t != tag and isz[t] != d:
+            raise ShapeMismatch(f"indices: tag {t!r} has size {isz[t]}, tensor has {d}")
+    node = align_node(indices, self.axis_tags, ishape)
+    vals = node.value.array() if not node.value.is_symbolic else np.zeros(1, np.int64)
+    dim = self.shape[i]
+    bad = (vals < 0) | (vals >= dim)
+    if bad.any():
+        raise IndexOutOfBounds(f"index {int(vals[bad].reshape(-1)[0])} out of range for "
+                               f"{tag!r} of size {dim}")
+    return i, node, ishape
+
+
+@method
+def take_along_axis(self: Any, tag: str, indices: Any) -> Any:
+    """torch.gather along ``tag`` with a same-tagged i64 index tensor."""
+    i, idx, ishape = _element_index(self, tag, indices)
+    node = emit("take_along", (self._node, idx), axis=i, shape=ishape, dtype=self.dtype)
+    return result(self, self.axis_tags, node)
+
+
+def _scatter(self: Any, tag: str, indices: Any, src: Any, op: str) -> Any:
+    _same_type(self, src, "src")
+    i, idx, ishape = _element_index(self, tag, indices)
+    if ishape != tuple(src.shape):
+        raise ShapeMismatch(f"indices shape {ishape} must equal src shape {src.shape}")
+    return result(self, self.axis_tags, emit(op, (self._node, idx, src._node), axis=i))
+
+
+@method
+def scatter_add(self: Any, tag: str, indices: Any, src: Any) -> Any:
+    """torch.scatter_add along ``tag``: src added at indices (duplicates accumulate)."""
+    return _scatter(self, tag, indices, src, "scatter_add")
+
+
+@method
+def scatter(self: Any, tag: str, indices: Any, src: Any) -> Any:
+    """torch.scatter along ``tag``: src written at indices (last row-major write wins)."""
+    return _scatter(self, tag, indices, src, "scatter")
+
+
+# -- diagonals ----------------------------------------------------------------------------
+
+
+def _eye_node(n: int, dtype: DType) -> Node:
+    return _const(dtype, np.eye(n, dtype=np.float32))
+
+
+@method
+def diag(self: Any, out_tags: Any) -> Any:
+    """Embed a rank-1 tensor as the diagonal of an [n, n] matrix tagged ``out_tags``."""
+    out = T.normalize_tags(out_tags)
+    if self.tag_count != 1 or len(out) != 2:
+        raise TagError(f"diag maps a rank-1 tensor to two tags, got {self.axis_tags} -> {out}")
+    n = self.shape[0]
+    v = align_node(self.with_tags(out[0]), out, (n, n))
+    return result(self, out, emit("binary", (v, _eye_node(n, self.dtype)), fn="mul"))
+
+
+@method
+def diag_embed(self: Any, vec_tag: str, out_tags: Any) -> Any:
+    """Batched diag: ``vec_tag`` becomes ``row_tag`` in place, ``col_tag`` is appended last."""
+    row, col = T.normalize_tags(out_tags)
+    renamed = T.replace_tag(self.axis_tags, vec_tag, row)
+    out = T.check_tags(renamed + (col,))
+    n = self.dim(vec_tag)
+    sizes = dict(zip(renamed, self.shape), **{col: n})
+    shape = tuple(sizes[t] for t in out)
+    v = align_node(self.with_tags(renamed), out, shape)
+    eye = emit("view", (_eye_node(n, self.dtype),), shape=shape,
+               coeffs=tuple((int(t == row), int(t == col)) for t in out), base=(0, 0))
+    return result(self, out, emit("binary", (v, eye), fn="mul"))
+
+
+@method
+def trace(self: Any, tag_a: str, tag_b: str) -> Any:
+    """Sum of the (tag_a, tag_b) diagonal; both tags removed."""
+    tmp = "_trace_diag"
+    while tmp in self.axis_tags:
+        tmp += "_"
+    return self.diagonal(tag_a, tag_b, tmp).sum(tmp)
