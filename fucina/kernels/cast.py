@@ -100,7 +100,8 @@ def _e4m3_table() -> np.ndarray:
 def _e5m2_table() -> np.ndarray:
     """Exact f32 value of every E5M2 code: the code is the top byte of an f16."""
     halves = (np.arange(256, dtype=np.uint16) << np.uint16(8)).view(np.float16)
-    return halves.astype(np.float32)  # keeps sign and payload of the NaN codes
+    with np.errstate(invalid="ignore"):  # widening the signaling-NaN codes flags "invalid"
+        return halves.astype(np.float32)  # keeps sign and payload of the NaN codes
 
 
 _E4M3_TO_F32 = _e4m3_table()
@@ -108,32 +109,52 @@ _E5M2_TO_F32 = _e5m2_table()
 _E4M3_TO_F32.flags.writeable = False
 _E5M2_TO_F32.flags.writeable = False
 
-# Magnitude ladders for encoding: the finite non-negative codes in increasing
-# order (their index IS the code), plus one virtual rung above the top that
-# stands for "overflowed". E4M3FN's rung is the NaN code 0x7f (the 480 an
-# IEEE-style encoding would have put there), so anything that rounds past 448
-# becomes NaN; E5M2's rung is its +inf code 0x7c (65536).
-_E4M3_LADDER = np.append(_E4M3_TO_F32[:0x7F].astype(np.float64), 480.0)
-_E5M2_LADDER = np.append(_E5M2_TO_F32[:0x7C].astype(np.float64), 65536.0)
-_E4M3_NAN = 0x7F
-_E5M2_NAN = 0x7F
+
+class _F8Format:
+    """Encoding parameters of an FP8 format (non-negative half of the code space)."""
+
+    def __init__(self, man_bits: int, min_exp: int, overflow_code: int, overflow_value: float):
+        self.man_bits = man_bits
+        self.min_exp = min_exp  # unbiased exponent of the smallest normal
+        # Codes are monotonic in value, so "rounded past the largest finite value"
+        # is "code >= overflow_code". E4M3FN's overflow code is its NaN code 0x7f
+        # (where an IEEE-style format would have put 480); E5M2's is +inf, 0x7c.
+        self.overflow_code = overflow_code
+        self.overflow_value = np.float32(overflow_value)
 
 
-def _encode_f8(x: np.ndarray, ladder: np.ndarray, nan_code: int) -> np.ndarray:
-    """Round ``float32`` values onto a FP8 ladder, nearest with ties to even."""
-    with np.errstate(all="ignore"):  # f64 inputs may overflow to inf: defined input
+_E4M3 = _F8Format(man_bits=3, min_exp=-6, overflow_code=0x7F, overflow_value=480.0)
+_E5M2 = _F8Format(man_bits=2, min_exp=-14, overflow_code=0x7C, overflow_value=65536.0)
+_F8_NAN_CODE = 0x7F  # canonical NaN of both formats (the sign bit is added on top)
+
+
+def _encode_f8(x: np.ndarray, fmt: _F8Format) -> np.ndarray:
+    """Round ``float32`` values onto an FP8 grid, nearest with ties to even."""
+    m = fmt.man_bits
+    # f64 inputs may overflow to inf and signaling NaNs flag "invalid": both are
+    # defined inputs here, not errors.
+    with np.errstate(all="ignore"):
         x32 = np.asarray(x, dtype=np.float32)
-    a = np.abs(x32).astype(np.float64)  # exact; midpoints below are exact in f64 too
-    top = ladder.size - 1
-    # ladder[hi - 1] < a <= ladder[hi]; NaN sorts past the end and is patched below.
-    hi = np.minimum(np.searchsorted(ladder, a, side="left"), top)
-    lo = np.maximum(hi - 1, 0)
-    mid = (ladder[lo] + ladder[hi]) * 0.5
-    # Ties go to the even code; a code's parity is its mantissa's LSB.
-    take_hi = (a > mid) | ((a == mid) & (hi % 2 == 0))
-    code = np.where(take_hi, hi, lo)
-    code = np.where(a > ladder[top], top, code)  # past the overflow rung
-    code = np.where(np.isnan(a), nan_code, code).astype(np.uint8)
+        is_nan = np.isnan(x32)
+        # Anything at or past the overflow rung encodes as the overflow code; clamping
+        # there keeps the arithmetic below in range (NaN lanes are patched at the end).
+        a = np.minimum(np.abs(x32), fmt.overflow_value)
+        exp = (a.view(np.uint32) >> np.uint32(23)).astype(np.int32) - 127
+        exp = np.maximum(exp, fmt.min_exp)  # subnormals share the smallest normal's ulp
+        # Adding c = 2**(exp - m + 23) leaves f32 ulps of exactly 2**(exp - m), so the
+        # hardware's round-to-nearest-even rounds `a` onto the FP8 grid; subtracting
+        # c back is exact.
+        c = ((exp - m + 23 + 127).astype(np.uint32) << np.uint32(23)).view(np.float32)
+        q = (a + c) - c
+        bits = q.view(np.uint32)
+        normal = ((bits >> np.uint32(23)).astype(np.int32) - (127 + fmt.min_exp - 1)) << m
+        normal |= ((bits >> np.uint32(23 - m)) & np.uint32((1 << m) - 1)).astype(np.int32)
+        # Below the smallest normal the code is the count of subnormal ulps; at
+        # 2**min_exp both formulas agree (1 << m).
+        sub = np.where(is_nan, 0, q * np.float32(2.0 ** (m - fmt.min_exp))).astype(np.int32)
+        code = np.where(q >= np.float32(2.0**fmt.min_exp), normal, sub)
+        code = np.minimum(code, fmt.overflow_code)
+        code = np.where(is_nan, _F8_NAN_CODE, code).astype(np.uint8)
     return code | np.where(np.signbit(x32), np.uint8(0x80), np.uint8(0))
 
 
@@ -149,7 +170,7 @@ def f32_to_f8e4m3(x: np.ndarray) -> np.ndarray:
     value (448, i.e. anything above 464) and +-inf saturate to the NaN code
     ``0x7f`` with the input's sign; NaN inputs give ``0x7f`` / ``0xff``.
     """
-    return _encode_f8(x, _E4M3_LADDER, _E4M3_NAN)
+    return _encode_f8(x, _E4M3)
 
 
 def f8e5m2_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -163,7 +184,7 @@ def f32_to_f8e5m2(x: np.ndarray) -> np.ndarray:
     Magnitudes that round past 57344 overflow to +-inf (``0x7c`` / ``0xfc``);
     NaN inputs give the canonical NaN code ``0x7f`` with the input's sign.
     """
-    return _encode_f8(x, _E5M2_LADDER, _E5M2_NAN)
+    return _encode_f8(x, _E5M2)
 
 
 # --- general cast -----------------------------------------------------------------

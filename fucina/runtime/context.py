@@ -18,6 +18,9 @@ def values_array(dtype: DType, shape: tuple[int, ...], values: Any) -> np.ndarra
     """Convert a host sequence/array to a flat storage array of ``shape``'s length."""
     n = math.prod(shape)
     if dtype.is_block:
+        if shape[-1] % dtype.block_size:
+            raise InvalidShape(f"innermost dimension {shape[-1]} is not a multiple of the "
+                               f"{dtype.value} block size {dtype.block_size}")
         arr = np.asarray(values)
         if arr.dtype != dtype.storage:
             raise InvalidDataLength(
