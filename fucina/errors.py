@@ -46,6 +46,10 @@ class NoGradientGraph(TensorError):
     """backward() was called on a tensor with no gradient graph."""
 
 
+class MissingOutputGradient(InvalidShape):
+    """backward() on a non-scalar output with no explicit output gradient."""
+
+
 class UnsupportedGradient(TensorError):
     """The op cannot propagate gradients for this combination of operands."""
 
@@ -78,6 +82,7 @@ __all__ = [
     "GradientCastUnsupported",
     "NoGradientGraph",
     "UnsupportedGradient",
+    "MissingOutputGradient",
     "DivisionByZero",
     "ContextMismatch",
     "Deinitialized",

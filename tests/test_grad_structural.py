@@ -82,7 +82,8 @@ def test_broadcast_and_binary(ctx):
     _check(ctx, ("n", "d"), (3, 4), lambda x: bias.sub(x), lambda t: (torch.tensor(b0) - t).t())
     _check(ctx, ("n", "d"), (3, 4), lambda x: x.broadcast_to(("n", "d", "k"), (3, 4, 2)),
            lambda t: t.unsqueeze(-1).expand(3, 4, 2))
-    _check(ctx, ("n",), (5,), lambda x: (x * 3.0 - 1.0) / 2.0 + 0.5, lambda t: (t * 3 - 1) / 2 + 0.5)
+    _check(ctx, ("n",), (5,), lambda x: (x * 3.0 - 1.0) / 2.0 + 0.5,
+           lambda t: (t * 3 - 1) / 2 + 0.5)
     _check(ctx, ("n",), (5,), lambda x: 2.0 / (x * x + 1.0), lambda t: 2 / (t * t + 1))
     _check(ctx, ("n",), (5,), lambda x: x ** 3, lambda t: t ** 3, atol=1e-4)
 

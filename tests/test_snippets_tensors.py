@@ -108,6 +108,7 @@ def test_constant_constructors(ctx):
     zl = a.zeros_like()
     mask = a.full_like(-math.inf)
     assert a.shape == zl.shape
+    assert type(zl) is type(a) and type(mask) is type(a)
     v = mask.data_const()[0]
     assert math.isinf(v) and v < 0
 

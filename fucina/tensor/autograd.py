@@ -7,7 +7,7 @@ from typing import Any
 from ..dtypes import DType, as_dtype
 from ..errors import (
     GradientCastUnsupported,
-    InvalidShape,
+    MissingOutputGradient,
     NoGradientGraph,
     ShapeMismatch,
     TagError,
@@ -33,7 +33,7 @@ def backward(self: Any) -> None:
     """Accumulate d(self)/d(leaf) into every variable leaf; self must be single-element."""
     node = _seed_check(self)
     if node.value.numel != 1:
-        raise InvalidShape(
+        raise MissingOutputGradient(
             f"backward() needs a single-element output, shape is {node.shape}; "
             "use backward_with_grad(grad_output)")
     seed = emit("fill", (), shape=node.shape, dtype=DType.f32, value=1.0)

@@ -273,7 +273,7 @@ def merge(self: Any, out_tag: str, merged: Any) -> Any:
     dims = node.shape[start:start + len(merged)]
     strides = raw.strides[start:start + len(merged)]
     live = [(d, s) for d, s in zip(dims, strides) if d != 1]
-    for (d0, s0), (d1, s1) in zip(live, live[1:]):
+    for (_, s0), (d1, s1) in zip(live, live[1:]):
         if s0 != d1 * s1:
             raise UnsupportedView(
                 f"merge of {merged} needs stride-compatible axes; this layout (strides "
