@@ -12,6 +12,7 @@ from typing import Any
 from . import internal, rng
 from .blocks import *  # noqa: F403 - GGML block dtypes and block-size constants
 from .blocks import BLOCK_DTYPES, BLOCK_SIZES
+from .compile import Compiled, compile  # noqa: A004 - fucina.compile is the public name
 from .dtypes import DType
 from .errors import (
     ContextMismatch,
@@ -31,6 +32,7 @@ from .errors import (
     UnsupportedGradient,
     UnsupportedView,
 )
+from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .tensor import SliceRange, Tensor, einsum_many
@@ -52,6 +54,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BLOCK_DTYPES",
+    "CacheInfo",
+    "Compiled",
+    "compile",
+    "cache_info",
     "BLOCK_SIZES",
     "ContextMismatch",
     "DType",

@@ -155,6 +155,7 @@ def _fill(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
     return tuple(attrs["shape"]), attrs["dtype"]
 
 
+_op("input", differentiable=False)  # a traced function's argument (no kernel)
 _op("copy", infer=_same)
 _op("cast", infer=_cast)
 _op("binary", infer=_binary)

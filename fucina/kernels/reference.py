@@ -16,6 +16,7 @@ import numpy as np
 
 from ..dtypes import DType
 from .cast import bf16_to_f32, cast_array, f32_to_bf16
+from .elementwise import BINARY, COMPARE, SCALAR, UNARY
 
 Kernel = Callable[[dict[str, Any], list[np.ndarray], DType], np.ndarray]
 KERNELS: dict[str, Kernel] = {}
@@ -29,50 +30,6 @@ def kernel(name: str) -> Callable[[Kernel], Kernel]:
         return fn
 
     return deco
-
-
-def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    q = a // b
-    fix = ((a % b) != 0) & ((a < 0) != (b < 0))
-    return q + fix.astype(q.dtype)
-
-
-def _trunc_rem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a - _trunc_div(a, b) * b
-
-
-def _max_nan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.maximum(a, b)
-
-
-_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.true_divide,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "pow": np.power,
-    "div_trunc": _trunc_div,
-    "div_floor": np.floor_divide,
-    "rem": _trunc_rem,
-    "mod": np.mod,
-    "bit_and": np.bitwise_and,
-    "bit_or": np.bitwise_or,
-    "bit_xor": np.bitwise_xor,
-    "logical_and": np.logical_and,
-    "logical_or": np.logical_or,
-    "logical_xor": np.logical_xor,
-}
-
-_COMPARE = {
-    "lt": np.less,
-    "le": np.less_equal,
-    "gt": np.greater,
-    "ge": np.greater_equal,
-    "eq": np.equal,
-    "ne": np.not_equal,
-}
 
 
 @kernel("copy")
@@ -91,7 +48,7 @@ def cast(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray
 def binary(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
     """Same-shape elementwise binary op."""
     with np.errstate(all="ignore"):
-        return _BINARY[attrs["fn"]](ins[0], ins[1])
+        return BINARY[attrs["fn"]].numpy(ins[0], ins[1])
 
 
 @kernel("compare")
@@ -99,43 +56,23 @@ def compare(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndar
     """Elementwise comparison against a tensor or a scalar."""
     other = ins[1] if len(ins) > 1 else attrs["value"]
     with np.errstate(all="ignore"):
-        return _COMPARE[attrs["fn"]](ins[0], other)
-
-
-_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "neg": np.negative,
-    "logical_not": np.logical_not,
-    "abs": np.abs,
-}
+        return COMPARE[attrs["fn"]].numpy(ins[0], other)
 
 
 @kernel("unary")
 def unary(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """Elementwise unary op."""
+    """Elementwise unary op (with optional parameters)."""
     with np.errstate(all="ignore"):
-        return _UNARY[attrs["fn"]](ins[0])
+        return UNARY[attrs["fn"]].numpy(ins[0], *attrs.get("params", ()))
 
 
 @kernel("scalar")
 def scalar(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """Elementwise op with a scalar operand: x (fn) value."""
+    """Elementwise op with a scalar operand: x (fn) value, in x's dtype."""
     a = ins[0]
     v = np.asarray(attrs["value"]).astype(a.dtype)
-    fn = attrs["fn"]
     with np.errstate(all="ignore"):
-        if fn == "add":
-            return a + v
-        if fn == "mul":
-            return a * v
-        if fn == "rsub":
-            return v - a
-        if fn == "div":
-            return a / v
-        if fn == "rdiv":
-            return v / a
-        if fn == "pow":
-            return np.power(a, v)
-    raise KeyError(fn)
+        return SCALAR[attrs["fn"]].numpy(a, v)
 
 
 @kernel("where")

@@ -89,6 +89,11 @@ class Tensor(metaclass=_TensorMeta):
             raise Deinitialized(f"{type(self)!r} tensor was deinit'ed or released by its scope")
         return node
 
+    @classmethod
+    def _from_node(cls, node: Node, ctx: ExecContext, *, op_result: bool = False) -> Any:
+        """Wrap an IR node as an instance of this type (tracing and compiled results)."""
+        return new(cls, node, ctx, op_result=op_result)
+
     def __repr__(self) -> str:
         if self._node_ is None:
             return f"<{type(self)!r} (deinit'ed)>"

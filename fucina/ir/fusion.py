@@ -1,0 +1,385 @@
+"""Fusion: group IR nodes into generated kernels.
+
+Views are layouts (each value is a storage plus strides and offset), so they
+fold into the index maps of whichever kernel reads them. Elementwise nodes
+join the kernel of a producer when shapes line up; a reduction joins the
+kernel of its elementwise producer (turning it into a row kernel), and
+elementwise work on a reduction's result, broadcast back over the reduced
+axes, stays in the same row kernel. What cannot fuse (contractions, gathers,
+f16/bf16 math) runs through the reference kernels between generated ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DType
+from ..kernels import codegen as cg
+from ..kernels.elementwise import BINARY, COMPARE, SCALAR, UNARY
+from .graph import Node
+
+EW_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy"})
+_NO_FUSE_BINARY = frozenset({"div_trunc", "div_floor", "rem", "mod"})
+_REDUCE_FNS = frozenset({"sum", "mean", "max", "min", "prod"})
+
+
+def np_name(dt: DType) -> str:
+    """numpy dtype name of a dtype's storage."""
+    return dt.storage.name
+
+
+def codegen_dtype(dt: DType) -> bool:
+    """Whether generated kernels handle this dtype (f16/bf16 stay on the reference path)."""
+    return not dt.is_block and np_name(dt) in cg.CODEGEN_DTYPES and dt not in (
+        DType.bf16, DType.f8_e4m3, DType.f8_e5m2)
+
+
+def fusable(n: Node) -> bool:
+    """Elementwise nodes the generator can express."""
+    if n.op not in EW_OPS:
+        return False
+    if not codegen_dtype(n.dtype) or not all(codegen_dtype(i.dtype) for i in n.inputs):
+        return False
+    fn = n.attrs.get("fn")
+    if n.op == "binary":
+        return fn in BINARY and fn not in _NO_FUSE_BINARY
+    if n.op == "unary":
+        return fn in UNARY
+    if n.op == "scalar":
+        return fn in SCALAR
+    if n.op == "compare":
+        return fn in COMPARE
+    if n.op == "cast":
+        src, dst = n.inputs[0].dtype, n.dtype
+        # float->int casts saturate (NaN -> 0): keep them on the reference path.
+        return not (src.is_float and dst.is_integer)
+    return True
+
+
+def fusable_reduce(n: Node) -> bool:
+    """Reductions the generator can express."""
+    return (n.op == "reduce" and n.attrs["fn"] in _REDUCE_FNS and codegen_dtype(n.dtype)
+            and codegen_dtype(n.inputs[0].dtype))
+
+
+@dataclass
+class Group:
+    """One generated kernel being assembled."""
+
+    gid: int
+    full_shape: tuple[int, ...]
+    raxes: tuple[int, ...] = ()
+    members: list[Node] = field(default_factory=list)
+    level: dict[int, str] = field(default_factory=dict)
+    deps: set[int] = field(default_factory=set)
+
+    @property
+    def kept_axes(self) -> tuple[int, ...]:
+        return tuple(a for a in range(len(self.full_shape)) if a not in self.raxes)
+
+    @property
+    def kept_shape(self) -> tuple[int, ...]:
+        return tuple(self.full_shape[a] for a in self.kept_axes) or (1,)
+
+
+def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+class Fuser:
+    """Assigns every compute node to a group (kernel) or to the reference path."""
+
+    def __init__(self, owner: dict[int, Node]):
+        self.owner = owner  # id(storage) -> node that produces it
+        self.groups: list[Group] = []
+        self.group_of: dict[int, Group] = {}
+
+    def producer(self, v: Node) -> Node:
+        """The node whose buffer ``v`` reads (itself unless ``v`` is a view)."""
+        return self.owner[id(v.value.storage)]
+
+    def _internal_level(self, v: Node, g: Group) -> str | None:
+        """Level at which operand ``v`` is available inside ``g`` without a buffer."""
+        p = self.producer(v)
+        if self.group_of.get(id(p)) is not g:
+            return None
+        lvl = g.level[id(p)]
+        if v is p:
+            return lvl
+        if lvl != "kept" or not g.raxes:
+            return None
+        # A reduction result broadcast back over exactly the reduced axes.
+        val = v.value
+        if tuple(val.shape) != g.full_shape or val.offset != p.value.offset:
+            return None
+        kc = _contig(tuple(g.full_shape[a] for a in g.kept_axes))
+        for k, a in enumerate(g.kept_axes):
+            if g.full_shape[a] != 1 and val.strides[a] != kc[k]:
+                return None
+        if any(val.strides[a] != 0 for a in g.raxes if g.full_shape[a] != 1):
+            return None
+        return "full_bcast"
+
+    def _depends(self, g: Group, other: Group) -> bool:
+        return g.gid in other.deps
+
+    def add(self, n: Node) -> Group | None:
+        """Place compute node ``n``; returns its group or None for the reference path."""
+        if fusable(n):
+            return self._add_ew(n)
+        if fusable_reduce(n):
+            return self._add_reduce(n)
+        return None
+
+    def _join(self, n: Node, g: Group, level: str) -> Group:
+        g.members.append(n)
+        g.level[id(n)] = level
+        self.group_of[id(n)] = g
+        for v in n.inputs:
+            p = self.producer(v)
+            og = self.group_of.get(id(p))
+            if og is not None and og is not g:
+                g.deps.add(og.gid)
+                g.deps |= og.deps
+        return g
+
+    def _new(self, full_shape: tuple[int, ...], raxes: tuple[int, ...] = ()) -> Group:
+        g = Group(len(self.groups), tuple(full_shape), tuple(raxes))
+        self.groups.append(g)
+        return g
+
+    def _add_ew(self, n: Node) -> Group:
+        shape = tuple(n.shape)
+        tried: set[int] = set()
+        for v in n.inputs:
+            g = self.group_of.get(id(self.producer(v)))
+            if g is None or g.gid in tried:
+                continue
+            tried.add(g.gid)
+            if not g.raxes:
+                target = "kept" if shape == g.full_shape else None
+            elif shape == g.full_shape:
+                target = "full"
+            elif shape == g.kept_shape:
+                target = "kept"
+            else:
+                target = None
+            if target is None or not self._levels_fit(n, g, target):
+                continue
+            others = [self.group_of.get(id(self.producer(u))) for u in n.inputs]
+            if any(o is not None and o is not g and self._depends(g, o) for o in others):
+                continue
+            return self._join(n, g, target)
+        return self._join(n, self._new(shape), "kept")
+
+    def _levels_fit(self, n: Node, g: Group, target: str) -> bool:
+        """Every operand internal to ``g`` must be readable at ``target`` level."""
+        for u in n.inputs:
+            ul = self._internal_level(u, g)
+            if ul is None:
+                if self.group_of.get(id(self.producer(u))) is g:
+                    return False  # a view of a member the kernel cannot fold
+                continue
+            if not g.raxes:
+                continue
+            if target == "kept" and ul != "kept":
+                return False
+            if target == "full" and ul == "kept":
+                return False
+        return True
+
+    def _add_reduce(self, n: Node) -> Group:
+        v = n.inputs[0]
+        axes = tuple(n.attrs["axes"])
+        p = self.producer(v)
+        g = self.group_of.get(id(p))
+        if g is not None and v is p and tuple(v.shape) == g.full_shape:
+            if not g.raxes and all(lv == "kept" for lv in g.level.values()):
+                g.raxes = axes
+                for k in g.level:
+                    g.level[k] = "full"
+                return self._join(n, g, "kept")
+            if g.raxes == axes and g.level[id(p)] == "full":
+                return self._join(n, g, "kept")
+        g = self._new(tuple(v.shape), axes)
+        return self._join(n, g, "kept")
+
+
+@dataclass
+class Binding:
+    """How a kernel operand maps to a program value at run time."""
+
+    node: Node          # the value node (its storage is the buffer)
+    level: str
+
+
+@dataclass
+class BuiltKernel:
+    """A group turned into a spec plus the per-call integer arguments."""
+
+    spec: cg.KernelSpec
+    inputs: list[Node]          # value nodes read (views resolved at run time by layout)
+    outputs: list[Node]         # member nodes stored
+    int_args: list[int]
+    params: list[Any]
+    members: list[Node]
+    loop_sizes: tuple[int, ...]
+
+
+def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]:
+    """Expression text for elementwise node ``n`` over operand names."""
+    op, fn = n.op, n.attrs.get("fn")
+    params: list[Any] = []
+
+    def param(value: Any) -> str:
+        params.append(value)
+        k = pidx[0]
+        pidx[0] += 1
+        return f"p{k}"
+
+    if op == "binary":
+        return BINARY[fn].template.format(a=names[0], b=names[1]), params
+    if op == "compare":
+        other = names[1] if len(names) > 1 else param(n.attrs["value"])
+        return COMPARE[fn].template.format(a=names[0], b=other), params
+    if op == "unary":
+        d = UNARY[fn]
+        ps = {f"p{k}": param(v) for k, v in enumerate(n.attrs.get("params", ()))}
+        return d.template.format(x=names[0], i="i", **ps), params
+    if op == "scalar":
+        return SCALAR[fn].template.format(x=names[0], p0=param(n.attrs["value"])), params
+    if op == "where":
+        return f"({names[1]} if {names[0]} else {names[2]})", params
+    if op == "cast":
+        if n.dtype is DType.bool:
+            return f"({names[0]} != 0)", params
+        return names[0], params
+    return names[0], params  # copy
+
+
+def _param(n: Node, value: Any) -> Any:
+    """A scalar parameter in the dtype the reference kernel computes with."""
+    dt = n.inputs[0].dtype.storage
+    if n.op == "unary":
+        return value  # the template decides (seeds stay integers)
+    if n.op == "compare" and dt.kind in "iub":
+        return np.float64(value) if float(value) != int(value) else np.int64(value)
+    with np.errstate(all="ignore"):
+        return np.asarray(value).astype(dt)[()]
+
+
+def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -> BuiltKernel:
+    """Turn group ``g`` into a kernel spec with its runtime arguments."""
+    full = g.full_shape
+    kept_axes, raxes = g.kept_axes, tuple(g.raxes)
+    loop_axes = kept_axes + raxes
+    nk0 = len(kept_axes)
+    steps: list[cg.Step] = []
+    step_of: dict[int, int] = {}
+    inputs: list[tuple[Node, str]] = []
+    input_key: dict[tuple[int, str], int] = {}
+    params: list[Any] = []
+    pidx = [0]
+    uses_index = False
+
+    def operand(v: Node, level: str) -> int:
+        p = fuser.producer(v)
+        if id(p) in step_of and fuser._internal_level(v, g) is not None:
+            return step_of[id(p)]
+        key = (id(v), level)
+        if key not in input_key:
+            inputs.append((v, level))
+            input_key[key] = len(steps)
+            steps.append(cg.Step("load", level, np_name(v.dtype), arg=len(inputs) - 1))
+        return input_key[key]
+
+    for n in g.members:
+        lvl = g.level[id(n)]
+        if n.op == "reduce":
+            src = operand(n.inputs[0], "full")
+            steps.append(cg.Step("reduce", "kept", np_name(n.dtype), fn=n.attrs["fn"],
+                                 arg=src, deps=(src,)))
+        else:
+            idx = [operand(v, lvl) for v in n.inputs]
+            expr, ps = _render(n, [f"v{k}" for k in idx], pidx)
+            if n.op == "unary" and "{i}" in UNARY[n.attrs["fn"]].template:
+                uses_index = True
+            params += [_param(n, v) for v in ps]
+            steps.append(cg.Step("ew", lvl, np_name(n.dtype), expr=expr, deps=tuple(idx)))
+        step_of[id(n)] = len(steps) - 1
+
+    outputs = [n for n in g.members if id(n) in needed_outside]
+    # Per operand: (strides per loop axis, level, offset). Kept-level operands
+    # only walk the kept axes.
+    table: list[tuple[list[int], str, int]] = []
+    for v, lvl in inputs:
+        st = v.value.strides
+        if lvl == "kept" and g.raxes:
+            ks = [st[k] if len(st) == nk0 and full[a] != 1 else 0
+                  for k, a in enumerate(kept_axes)]
+            table.append((ks, "kept", v.value.offset))
+        else:
+            table.append(([st[a] if full[a] != 1 else 0 for a in loop_axes], "full",
+                          v.value.offset))
+    fc = _contig(full)
+    kc = _contig(tuple(full[a] for a in kept_axes))
+    for n in outputs:
+        if g.level[id(n)] == "kept" and g.raxes:
+            table.append((list(kc), "kept", 0))
+        else:
+            table.append(([fc[a] for a in loop_axes], "full", 0))
+
+    sizes = [full[a] for a in loop_axes]
+    runs_by_group: list[list[list[int]]] = []
+    for axes in (list(range(nk0)), list(range(nk0, len(loop_axes)))):
+        runs: list[list[int]] = []
+        for a in (a for a in axes if sizes[a] != 1):
+            if runs and all(_collapsible(st, lv, runs[-1][-1], a, sizes, nk0)
+                            for st, lv, _ in table):
+                runs[-1].append(a)
+            else:
+                runs.append([a])
+        runs_by_group.append(runs)
+    kruns, rruns = runs_by_group
+    nk, nr = len(kruns), len(rruns)
+    all_runs = kruns + rruns
+    loop_sizes = tuple(math.prod(sizes[a] for a in run) for run in all_runs)
+
+    int_args: list[int] = []
+    operands: list[cg.Operand] = []
+    for st, lv, off in table:
+        runs = kruns if (lv == "kept" and g.raxes) else all_runs
+        cst = [st[run[-1]] for run in runs]
+        pattern = []
+        for k, s in enumerate(cst):
+            last = k == nk - 1 or k == nk + nr - 1
+            pattern.append(cg.BCAST if s == 0 else cg.UNIT if (s == 1 and last) else cg.STRIDED)
+        operands.append(cg.Operand("", lv if g.raxes else "kept", tuple(pattern)))
+        int_args.append(off)
+        int_args += [s for s, p in zip(cst, pattern) if p == cg.STRIDED]
+    nin = len(inputs)
+    in_ops = tuple(cg.Operand(np_name(v.dtype), o.level, o.pattern)
+                   for (v, _), o in zip(inputs, operands[:nin]))
+    out_ops = tuple((cg.Operand(np_name(n.dtype), o.level, o.pattern), step_of[id(n)])
+                    for n, o in zip(outputs, operands[nin:]))
+    if not g.raxes:  # a pure pointwise kernel computes everything at one level
+        steps = [cg.Step(s.kind, "kept", s.dtype, s.expr, s.arg, s.fn, s.deps) for s in steps]
+    parallel = nk >= 1 and math.prod(full) >= parallel_min and loop_sizes[0] >= 2
+    spec = cg.KernelSpec(nk, nr, in_ops, out_ops, tuple(steps), len(params), parallel,
+                         uses_index)
+    return BuiltKernel(spec, [v for v, _ in inputs], outputs, int_args, params,
+                       list(g.members), loop_sizes)
+
+
+def _collapsible(st: list[int], lv: str, a: int, b: int, sizes: list[int], nk: int) -> bool:
+    if lv == "kept" and (a >= nk or b >= nk):
+        return True
+    return st[a] == st[b] * sizes[b]

@@ -1,0 +1,78 @@
+"""Readable text for IR nodes and optimized programs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .graph import Node
+
+
+def _attrs(n: Node) -> str:
+    parts = []
+    for k, v in n.attrs.items():
+        if k in ("grad_index",) or v is None:
+            continue
+        if isinstance(v, np.ndarray):
+            v = f"<{v.size} indices>" if v.size > 8 else v.tolist()
+        elif hasattr(v, "value") and not isinstance(v, (int, float)):
+            v = v.value
+        parts.append(f"{k}={v}")
+    return ", ".join(parts)
+
+
+def _type(n: Node) -> str:
+    tags = n.tags if n.tags is not None else ()
+    dims = ", ".join(f"{t}={d}" for t, d in zip(tags, n.shape)) if tags else \
+        "x".join(str(d) for d in n.shape)
+    return f"{n.dtype.value}[{dims}]"
+
+
+def format_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> list[str]:
+    """One line per node: ``%k = op(args; attrs) : dtype[tag=size, ...]``."""
+    names = {} if names is None else names
+    lines = []
+    for n in nodes:
+        if id(n) not in names:
+            names[id(n)] = f"%{len(names)}"
+        args = ", ".join(names.get(id(i), "?") for i in n.inputs)
+        attrs = _attrs(n)
+        sep = "; " if args and attrs else ""
+        lines.append(f"{names[id(n)]} = {n.op}({args}{sep}{attrs}) : {_type(n)}")
+    return lines
+
+
+def format_program(prog: Any) -> str:
+    """The optimized program: inputs, each kernel with the ops it covers, reference ops."""
+    names: dict[int, str] = {}
+    out = ["program:"]
+    for k, n in enumerate(prog.inputs):
+        names[id(n)] = f"%in{k}"
+        out.append(f"  %in{k} : {_type(n)}")
+    for n in prog.nodes:
+        if n.op in ("const", "variable") and id(n) not in names:
+            names[id(n)] = f"%c{len(names)}"
+            out.append(f"  {names[id(n)]} = {n.op} : {_type(n)}")
+    view_nodes = {id(n): n for n in prog.nodes if n.inputs and n.op in ("view", "reshape",
+                                                                        "merge", "strided")}
+    for n in prog.nodes:
+        if id(n) in view_nodes:
+            out += ["  " + line + "   (view: folded into its readers)"
+                    for line in format_nodes([n], names)]
+            continue
+    for st in prog.steps:
+        if st.kind == "kernel":
+            b = st.built
+            kind = "row" if b.spec.nr else "pointwise"
+            par = ", parallel" if b.spec.parallel else ""
+            out.append(f"  kernel {st.kernel.name} ({kind}{par}; loops {list(b.loop_sizes)}; "
+                       f"{len(b.members)} ops fused):")
+            outs = {id(n) for n in b.outputs}
+            for line, n in zip(format_nodes(b.members, names), b.members):
+                mark = "   -> stored" if id(n) in outs else ""
+                out.append("    " + line + mark)
+        else:
+            out.append("  " + format_nodes([st.node], names)[0] + "   (reference kernel)")
+    out.append("  return " + ", ".join(names.get(id(o), "?") for o in prog.outputs))
+    return "\n".join(out)

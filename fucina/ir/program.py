@@ -1,0 +1,263 @@
+"""Programs: traced IR optimized into a sequence of kernel launches.
+
+A program is built once per input signature from the traced nodes:
+dead-code and common-subexpression elimination, view folding (views are
+layouts, read in place by whichever kernel consumes them), fusion into
+generated kernels, and buffer reuse for intermediates. ``run`` binds argument
+buffers and executes the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..kernels import cache as kcache
+from ..kernels import codegen as cg
+from ..kernels import reference
+from ..runtime.raw import RawTensor
+from ..runtime.storage import Storage
+from .fusion import BuiltKernel, Fuser, build
+from .graph import Node
+from .ops import OPS
+
+#: Total elements from which a generated kernel runs its outer loop in parallel.
+PARALLEL_MIN = 1 << 16
+
+
+def _attr_key(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return ("nd", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, (list, tuple)):
+        return tuple(_attr_key(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _attr_key(x)) for k, x in v.items()))
+    return v
+
+
+def _topo(outputs: list[Node]) -> list[Node]:
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(o, False) for o in reversed(outputs)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.append((n, True))
+        for i in reversed(n.inputs):
+            if id(i) not in seen:
+                stack.append((i, False))
+    return order
+
+
+def _cse(order: list[Node], outputs: list[Node]) -> tuple[list[Node], list[Node]]:
+    """Merge nodes with the same op, inputs and attributes (first one wins)."""
+    canon: dict[int, Node] = {}
+    seen: dict[Any, Node] = {}
+    out: list[Node] = []
+    for n in order:
+        if n.inputs:
+            ins = tuple(canon.get(id(i), i) for i in n.inputs)
+            if any(a is not b for a, b in zip(ins, n.inputs)):
+                rebuilt = Node(n.op, ins, n.attrs, n.value, n.tags, n.requires_grad)
+                if OPS[n.op].is_view:
+                    # A view's layout is relative to its input's storage: re-derive it.
+                    rebuilt.value = OPS[n.op].layout(ins[0].value, n.attrs)
+                n2 = rebuilt
+            else:
+                n2 = n
+            key = (n.op, tuple(id(i) for i in ins), _attr_key(n.attrs))
+            hit = seen.get(key)
+            if hit is not None:
+                canon[id(n)] = hit
+                continue
+            seen[key] = n2
+            canon[id(n)] = n2
+            out.append(n2)
+        else:
+            out.append(n)
+    return out, [canon.get(id(o), o) for o in outputs]
+
+
+@dataclass
+class Step:
+    """One program step: a generated kernel launch or a reference op."""
+
+    kind: str                      # "kernel" or "ref"
+    node: Node | None = None       # ref: the op
+    built: BuiltKernel | None = None
+    kernel: kcache.Kernel | None = None
+
+
+class Program:
+    """An optimized, runnable program for one input signature."""
+
+    def __init__(self, inputs: list[Node], outputs: list[Node]):
+        self.inputs = inputs
+        order = _topo(outputs)
+        order, outputs = _cse(order, outputs)
+        self.outputs = outputs
+        self.nodes = order
+        # Buffers: every non-view node owns its value's storage.
+        owner: dict[int, Node] = {}
+        for n in order:
+            if not OPS.get(n.op) or not OPS[n.op].is_view:
+                owner[id(n.value.storage)] = n
+        self.owner = owner
+        fuser = Fuser(owner)
+        placed: list[tuple[Node, Any]] = []
+        for n in order:
+            if n.op in ("input", "const", "variable") or OPS[n.op].is_view:
+                continue
+            placed.append((n, fuser.add(n)))
+        # A member's value leaves its kernel when anything outside the kernel reads it.
+        needed: set[int] = {id(owner[id(o.value.storage)]) for o in outputs}
+        for n, g in placed:
+            for v in n.inputs:
+                p = owner[id(v.value.storage)]
+                pg = fuser.group_of.get(id(p))
+                if pg is None:
+                    continue
+                if g is not pg or fuser._internal_level(v, pg) is None:
+                    needed.add(id(p))
+        self.steps: list[Step] = []
+        emitted: set[int] = set()
+        for n, g in placed:
+            if g is None:
+                self.steps.append(Step("ref", node=n))
+                continue
+            if g.gid in emitted:
+                continue
+            emitted.add(g.gid)
+            built = build(g, fuser, needed, PARALLEL_MIN)
+            if not built.outputs:
+                continue  # nothing of this kernel is observed
+            kernel = kcache.load(cg.generate(built.spec))
+            self.steps.append(Step("kernel", built=built, kernel=kernel))
+        self._plan_buffers()
+
+    # -- buffers -----------------------------------------------------------------
+
+    def _plan_buffers(self) -> None:
+        """Assign buffer slots; intermediates whose last use has passed are reused."""
+        self.slot: dict[int, int] = {}
+        self.slot_meta: list[tuple[np.dtype, int]] = []
+        for k, n in enumerate(self.inputs):
+            self.slot[id(n.value.storage)] = k
+            self.slot_meta.append((n.value.dtype.storage, 0))
+        self.const_slots: list[tuple[int, Node]] = []
+        produced: list[list[Node]] = []
+        for st in self.steps:
+            produced.append(st.built.outputs if st.kind == "kernel" else [st.node])
+        last_use: dict[int, int] = {}
+        for k, st in enumerate(self.steps):
+            reads = st.built.inputs if st.kind == "kernel" else list(st.node.inputs)
+            for v in reads:
+                last_use[id(v.value.storage)] = k
+        keep = {id(o.value.storage) for o in self.outputs}
+        produced_ids = {id(n.value.storage) for ns in produced for n in ns}
+        free: dict[tuple[str, int], list[int]] = {}
+        self.fresh_slots: set[int] = set()
+        for k, st in enumerate(self.steps):
+            reads = st.built.inputs if st.kind == "kernel" else list(st.node.inputs)
+            for v in reads:
+                sid = id(v.value.storage)
+                if sid not in self.slot:
+                    self.slot[sid] = len(self.slot_meta)
+                    self.slot_meta.append((v.value.dtype.storage, 0))
+                    self.const_slots.append((self.slot[sid], self.owner[sid]))
+            for n in produced[k]:
+                sid = id(n.value.storage)
+                count = int(np.prod(n.value.storage_shape()))
+                key = (n.value.dtype.storage.str, count)
+                if sid not in keep and free.get(key):
+                    self.slot[sid] = free[key].pop()
+                else:
+                    self.slot[sid] = len(self.slot_meta)
+                    self.slot_meta.append((n.value.dtype.storage, count))
+                    if sid in keep:
+                        self.fresh_slots.add(self.slot[sid])
+            for v in reads:
+                sid = id(v.value.storage)
+                if last_use.get(sid) == k and sid not in keep and sid in produced_ids:
+                    free.setdefault((v.value.dtype.storage.str, int(np.prod(
+                        v.value.storage_shape()))), []).append(self.slot[sid])
+        for o in self.outputs:
+            sid = id(o.value.storage)
+            if sid not in self.slot:  # an output that is a const captured by the trace
+                self.slot[sid] = len(self.slot_meta)
+                self.slot_meta.append((o.value.dtype.storage, 0))
+                self.const_slots.append((self.slot[sid], self.owner[sid]))
+        self._scratch: dict[int, np.ndarray] = {}
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self, args: list[RawTensor]) -> list[RawTensor]:
+        """Execute on argument raw tensors; returns raw results."""
+        bufs: list[Any] = [None] * len(self.slot_meta)
+        for k, a in enumerate(args):
+            bufs[k] = a.storage.buf[a.offset:]
+        for slot, node in self.const_slots:
+            v = node.value
+            bufs[slot] = v.storage.buf[v.offset:] if v.offset else v.storage.buf
+        for st in self.steps:
+            if st.kind == "kernel":
+                self._launch(st, bufs)
+            else:
+                self._ref(st.node, bufs)
+        results = []
+        for o in self.outputs:
+            sid = id(o.value.storage)
+            slot = self.slot[sid]
+            buf = bufs[slot]
+            if slot < len(args):
+                storage = args[slot].storage
+                base = args[slot].offset
+            else:
+                storage = Storage(buf)
+                base = 0
+            v = o.value
+            results.append(RawTensor(storage.retain() if slot < len(args) else storage,
+                                     v.dtype, v.shape, v.strides, v.offset + base))
+        return results
+
+    def _buffer(self, bufs: list[Any], node: Node) -> np.ndarray:
+        slot = self.slot[id(node.value.storage)]
+        buf = bufs[slot]
+        if buf is None:
+            dtype, count = self.slot_meta[slot]
+            if slot in self.fresh_slots:
+                buf = np.empty(count, dtype=dtype)
+            else:
+                buf = self._scratch.get(slot)
+                if buf is None:
+                    buf = self._scratch[slot] = np.empty(count, dtype=dtype)
+            bufs[slot] = buf
+        return buf
+
+    def _launch(self, st: Step, bufs: list[Any]) -> None:
+        b = st.built
+        outs = [self._buffer(bufs, n) for n in b.outputs]
+        ins = [bufs[self.slot[id(v.value.storage)]] for v in b.inputs]
+        st.kernel(*outs, *ins, *b.int_args, *b.loop_sizes, *b.params)
+
+    def _ref(self, n: Node, bufs: list[Any]) -> None:
+        arrays = []
+        for v in n.inputs:
+            buf = bufs[self.slot[id(v.value.storage)]]
+            arrays.append(_view(buf, v.value))
+        res = reference.run(n.op, n.attrs, arrays, [v.dtype for v in n.inputs], n.dtype)
+        out = self._buffer(bufs, n)
+        out[...] = np.ascontiguousarray(res, dtype=out.dtype).reshape(-1)
+
+
+def _view(buf: np.ndarray, v: RawTensor) -> np.ndarray:
+    item = buf.itemsize
+    return np.ndarray(v.storage_shape(), dtype=buf.dtype, buffer=buf, offset=v.offset * item,
+                      strides=tuple(s * item for s in v.strides))

@@ -1,0 +1,122 @@
+"""The kernel cache: generated source on disk, compiled dispatchers in memory.
+
+Generated source is written to ``<cache dir>/k_<hash>.py`` and imported from
+there, so Numba's ``cache=True`` stores the machine code next to it and a
+second process loads kernels instead of compiling them. The cache directory
+is ``$FUCINA_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/fucina/kernels``
+(default ``~/.cache/fucina/kernels``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numba
+
+_VERSION = "1"  # bump when generated code conventions change
+
+
+def cache_dir() -> Path:
+    """Directory holding generated kernel sources and Numba's cached binaries."""
+    env = os.environ.get("FUCINA_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fucina" / "kernels"
+
+
+@dataclass
+class CacheInfo:
+    """Kernel cache counters for this process."""
+
+    compiled: int = 0
+    memory_hits: int = 0
+    disk_hits: int = 0
+    kernels: int = 0
+
+    def __repr__(self) -> str:
+        return (f"CacheInfo(compiled={self.compiled}, memory_hits={self.memory_hits}, "
+                f"disk_hits={self.disk_hits}, kernels={self.kernels})")
+
+
+_INFO = CacheInfo()
+_LOCK = threading.Lock()
+
+
+class Kernel:
+    """A generated kernel: its source, a stable name and the Numba dispatcher."""
+
+    __slots__ = ("name", "source", "fn", "_first", "signature_seen")
+
+    def __init__(self, name: str, source: str, fn: Any):
+        self.name = name
+        self.source = source
+        self.fn = fn
+        self._first = True
+        self.signature_seen: set[tuple[Any, ...]] = set()
+
+    def __call__(self, *args: Any) -> None:
+        if self._first:
+            self._first = False
+            self.fn(*args)
+            _account(self.fn)
+            return
+        self.fn(*args)
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.name}>"
+
+
+def _account(fn: Any) -> None:
+    stats = getattr(fn, "stats", None)
+    hits = sum(stats.cache_hits.values()) if stats is not None else 0
+    with _LOCK:
+        if hits:
+            _INFO.disk_hits += 1
+        else:
+            _INFO.compiled += 1
+
+
+_MEMORY: dict[str, Kernel] = {}
+
+
+def load(source: str) -> Kernel:
+    """The kernel for ``source``: from memory, else from (or written to) the disk cache."""
+    key = hashlib.sha256((_VERSION + numba.__version__ + source).encode()).hexdigest()[:20]
+    k = _MEMORY.get(key)
+    if k is not None:
+        _INFO.memory_hits += 1
+        return k
+    with _LOCK:
+        k = _MEMORY.get(key)
+        if k is not None:
+            return k
+        directory = cache_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"k_{key}.py"
+        if not path.exists() or path.read_text() != source:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(source)
+            os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+        modname = f"fucina_kernel_{key}"
+        spec = importlib.util.spec_from_file_location(modname, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = module
+        spec.loader.exec_module(module)
+        k = Kernel(f"k_{key}", source, module.kernel)
+        _MEMORY[key] = k
+        _INFO.kernels += 1
+        return k
+
+
+def cache_info() -> CacheInfo:
+    """Counters: kernels compiled in this process, memory hits and disk-cache hits."""
+    return CacheInfo(_INFO.compiled, _INFO.memory_hits, _INFO.disk_hits, _INFO.kernels)
