@@ -18,6 +18,7 @@ from ..kernels import reference
 from ..runtime.gradmode import is_grad_enabled
 from ..runtime.raw import RawTensor
 from ..runtime.storage import Storage
+from . import eager
 from .graph import Node
 from .ops import OPS
 
@@ -57,10 +58,17 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
     """Build (and in eager mode execute) one primitive node."""
     d = OPS[op]
     inputs = tuple(inputs)
-    tracer = current_tracer()
-    rg = d.differentiable and is_grad_enabled() and any(i.requires_grad for i in inputs)
+    tracer = getattr(_local, "tracer", None)
+    rg = False
+    if d.differentiable:
+        for i in inputs:
+            if i.requires_grad:
+                rg = is_grad_enabled()
+                break
     if d.layout is not None:
         value = d.layout(inputs[0].value, attrs)
+    elif tracer is None and (plan := eager.lookup(op, inputs, attrs)) is not None:
+        value = plan.run(inputs, attrs)  # the per-signature fast path
     else:
         ins = [i.value for i in inputs]
         shape, dtype = d.infer(ins, attrs)

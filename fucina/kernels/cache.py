@@ -63,12 +63,10 @@ class Kernel:
         self.signature_seen: set[tuple[Any, ...]] = set()
 
     def __call__(self, *args: Any) -> None:
+        self.fn(*args)
         if self._first:
             self._first = False
-            self.fn(*args)
             _account(self.fn)
-            return
-        self.fn(*args)
 
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"

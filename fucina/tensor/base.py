@@ -152,16 +152,19 @@ def new(cls: type, node: Node, ctx: ExecContext, *, op_result: bool = True) -> A
     obj._node_ = node
     obj._ctx = ctx
     obj._scoped = False
-    node.value.storage  # noqa: B018 - storage must exist
-    if op_result and ctx.adopt(obj):
+    if op_result and ctx._scopes:
+        ctx._scopes[-1].append(obj)
         obj._scoped = True
     return obj
 
 
 def result(self: Any, tags: Sequence[str], node: Node, dtype: DType | None = None) -> Any:
     """Wrap an op's result node as ``Tensor(tags, dtype)`` on ``self``'s context."""
-    node.tags = tuple(tags)
-    return new(tensor_type(tags=tuple(tags), dtype=dtype or node.dtype), node, self._ctx)
+    tags = tuple(tags)
+    node.tags = tags
+    dt = dtype or node.dtype
+    cls = _TYPES.get((dt, tags)) or tensor_type(tags=tags, dtype=dt)
+    return new(cls, node, self._ctx)
 
 
 def same_ctx(self: Any, *others: Any) -> None:

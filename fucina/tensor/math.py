@@ -17,8 +17,10 @@ from .base import (
     broadcast_sizes,
     check_tensor,
     method,
+    new,
     result,
     same_ctx,
+    tensor_type,
 )
 
 _INT_DIV = frozenset({"div_trunc", "div_floor", "rem", "mod"})
@@ -34,21 +36,47 @@ def _forward_only(self: Any, *others: Any) -> None:
                 f"{self.dtype.value} math is forward-only; cast with to('f32') to differentiate")
 
 
-def _binary(self: Any, other: Any, fn: str) -> Any:
-    check_tensor(other)
-    same_ctx(self, other)
+_BIN_PLANS: dict[Any, tuple[Any, ...]] = {}
+
+
+def _binary_plan(self: Any, other: Any, fn: str) -> tuple[Any, ...]:
+    """Tag-level decisions of a binary op, made once per (types, shapes)."""
     if other.dtype is not self.dtype:
         raise TagError(
             f"pointwise {fn} requires matching dtypes ({self.dtype.value} vs "
             f"{other.dtype.value}); cast explicitly with to()")
-    _forward_only(self, other)
     out = T.pointwise_result(self.axis_tags, other.axis_tags)
     shape = broadcast_sizes(self, other, out)
-    a = align_node(self, out, shape)
-    b = align_node(other, out, shape)
+    raw_shape = shape or (1,)
+    need_a = tuple(self.axis_tags) != out or self._node.shape != raw_shape
+    need_b = tuple(other.axis_tags) != out or other._node.shape != raw_shape
+    return out, tensor_type(tags=out, dtype=self.dtype), shape, need_a, need_b
+
+
+def _binary(self: Any, other: Any, fn: str) -> Any:
+    sn = self._node
+    try:
+        on = other._node
+    except AttributeError:
+        check_tensor(other)
+        raise
+    if other._ctx is not self._ctx:
+        same_ctx(self, other)
+    key = (fn, type(self), type(other), sn.value.shape, on.value.shape)
+    plan = _BIN_PLANS.get(key)
+    if plan is None:
+        check_tensor(other)
+        plan = _BIN_PLANS[key] = _binary_plan(self, other, fn)
+    out, cls, shape, need_a, need_b = plan
+    if self.dtype is not DType.f32:
+        _forward_only(self, other)
+    a = align_node(self, out, shape) if need_a else sn
+    b = align_node(other, out, shape) if need_b else on
     if fn in _INT_DIV and not b.value.is_symbolic and not np.all(b.value.array()):
         raise DivisionByZero(f"{fn}: the divisor holds a zero")
-    return result(self, out, emit("binary", (a, b), fn=fn))
+    node = emit("binary", (a, b), fn=fn)
+    node.tags = out
+    return new(cls, node, self._ctx)
 
 
 def _make_binary(fn: str, doc: str) -> None:
