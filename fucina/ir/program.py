@@ -126,21 +126,60 @@ class Program:
                     continue
                 if g is not pg or fuser._internal_level(v, pg) is None:
                     needed.add(id(p))
-        self.steps: list[Step] = []
-        emitted: set[int] = set()
+        self.steps = self._order(placed, fuser, needed)
+        self._plan_buffers()
+
+    def _order(self, placed: list[tuple[Node, Any]], fuser: Fuser,
+               needed: set[int]) -> list[Step]:
+        """Steps (kernels and reference ops) in an order that respects their data deps."""
+        units: list[Any] = []  # a Group or a reference Node
+        unit_of: dict[int, int] = {}
+        seen_groups: dict[int, int] = {}
         for n, g in placed:
             if g is None:
-                self.steps.append(Step("ref", node=n))
+                unit_of[id(n)] = len(units)
+                units.append(n)
+            else:
+                if g.gid not in seen_groups:
+                    seen_groups[g.gid] = len(units)
+                    units.append(g)
+                unit_of[id(n)] = seen_groups[g.gid]
+        deps: list[set[int]] = [set() for _ in units]
+        for n, _ in placed:
+            u = unit_of[id(n)]
+            for v in n.inputs:
+                p = self.owner.get(id(v.value.storage))
+                pu = unit_of.get(id(p)) if p is not None else None
+                if pu is not None and pu != u:
+                    deps[u].add(pu)
+        order: list[int] = []
+        done: set[int] = set()
+
+        def visit(u: int, stack: set[int]) -> None:
+            if u in done:
+                return
+            stack.add(u)
+            for d in sorted(deps[u]):
+                if d not in done:
+                    assert d not in stack, "fusion produced a cycle"
+                    visit(d, stack)
+            stack.discard(u)
+            done.add(u)
+            order.append(u)
+
+        for u in range(len(units)):
+            visit(u, set())
+        steps: list[Step] = []
+        for u in order:
+            unit = units[u]
+            if isinstance(unit, Node):
+                steps.append(Step("ref", node=unit))
                 continue
-            if g.gid in emitted:
-                continue
-            emitted.add(g.gid)
-            built = build(g, fuser, needed, PARALLEL_MIN)
-            if not built.outputs:
-                continue  # nothing of this kernel is observed
-            kernel = kcache.load(cg.generate(built.spec))
-            self.steps.append(Step("kernel", built=built, kernel=kernel))
-        self._plan_buffers()
+            built = build(unit, fuser, needed, PARALLEL_MIN)
+            if built.outputs:  # a kernel nothing observes is dead
+                steps.append(Step("kernel", built=built,
+                                  kernel=kcache.load(cg.generate(built.spec))))
+        return steps
 
     # -- buffers -----------------------------------------------------------------
 

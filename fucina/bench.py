@@ -1,0 +1,254 @@
+"""The benchmark harness: ``python -m fucina.bench`` (``--json`` for machines).
+
+Runs a standard suite side by side in one process (fucina eager, fucina
+compiled, numpy and, when importable, torch eager) and prints each case's
+best time and the ratios against fucina compiled. Times are the minimum over
+repeats of the mean over a batch of calls; the machine is shared and noisy,
+so compare ratios from one run rather than absolute times across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+import fucina as F
+
+try:  # torch is an optional comparison point
+    import torch
+except ImportError:  # pragma: no cover - depends on the machine
+    torch = None
+
+
+@dataclass
+class Case:
+    """One benchmark row: seconds per call for each implementation (None: not run)."""
+
+    name: str
+    eager: float | None = None
+    compiled: float | None = None
+    numpy: float | None = None
+    torch: float | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) -> float:
+    """Minimum over ``repeats`` of the mean time per call (seconds)."""
+    fn()
+    t = timeit.Timer(fn)
+    n, elapsed = 1, 0.0
+    while True:
+        elapsed = t.timeit(n)
+        if elapsed >= min_time / repeats or n >= 1 << 20:
+            break
+        n *= 2 if elapsed == 0 else max(2, int(min_time / repeats / max(elapsed, 1e-9)))
+    return min(t.repeat(repeats, n)) / n
+
+
+def _chain_case(n: int, quick: bool) -> Case:
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal(n).astype(np.float32)
+    w0 = rng.standard_normal(n).astype(np.float32)
+    ctx = F.ExecContext()
+    T = F.Tensor("i")
+    x = T.from_slice(ctx, (n,), x0)
+    w = T.from_slice(ctx, (n,), w0)
+
+    def chain(x: Any, w: Any) -> Any:
+        return (x.mul(w).add_scalar(1.0).tanh().mul(x)).sigmoid()
+
+    fast = F.compile(chain)
+    c = Case(f"sigmoid(tanh(x*w+1)*x) [{n}] f32")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: chain(x, w), mt)
+    c.compiled = best_time(lambda: fast(x, w), mt)
+
+    def np_chain() -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-(np.tanh(x0 * w0 + np.float32(1.0)) * x0)))
+
+    c.numpy = best_time(np_chain, mt)
+    if torch is not None:
+        tx, tw = torch.from_numpy(x0), torch.from_numpy(w0)
+        c.torch = best_time(lambda: torch.sigmoid(torch.tanh(tx * tw + 1) * tx), mt)
+    c.notes["kernels"] = len(fast.kernels(x, w))
+    err = float(np.max(np.abs(fast(x, w).numpy() - np_chain())))
+    c.notes["max_abs_err_vs_numpy"] = err
+    return c
+
+
+def _five_op_case(quick: bool) -> Case:
+    ctx = F.ExecContext()
+    x = F.Tensor("r", "c").randn(ctx, (512, 512), 1)
+    b = F.Tensor("c").randn(ctx, (512,), 2)
+
+    def five(x: Any, b: Any) -> Any:
+        return x.add(b).scale(0.5).maximum(x).sub(b).mul(x)
+
+    fast = F.compile(five)
+    c = Case("5-op chain with broadcast [512,512]")
+    mt = 0.05 if quick else 0.2
+    c.eager = best_time(lambda: five(x, b), mt)
+    c.compiled = best_time(lambda: fast(x, b), mt)
+    x0, b0 = x.numpy(), b.numpy()
+    c.numpy = best_time(lambda: (np.maximum((x0 + b0) * np.float32(0.5), x0) - b0) * x0, mt)
+    c.notes["kernels"] = len(fast.kernels(x, b))
+    return c
+
+
+def _softmax_case(rows: int, cols: int, quick: bool) -> Case:
+    ctx = F.ExecContext()
+    x = F.Tensor("row", "col").randn(ctx, (rows, cols), 3)
+
+    def softmax(x: Any) -> Any:
+        e = x.sub(x.max("col")).exp()
+        return e.div(e.sum("col"))
+
+    fast = F.compile(softmax)
+    c = Case(f"row softmax [{rows},{cols}] f32")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: softmax(x), mt)
+    c.compiled = best_time(lambda: fast(x), mt)
+    x0 = x.numpy()
+
+    def np_softmax() -> np.ndarray:
+        e = np.exp(x0 - x0.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    c.numpy = best_time(np_softmax, mt)
+    if torch is not None:
+        tx = torch.from_numpy(x0)
+        c.torch = best_time(lambda: torch.softmax(tx, dim=1), mt)
+    c.notes["kernels"] = len(fast.kernels(x))
+    c.notes["max_abs_err_vs_numpy"] = float(np.max(np.abs(fast(x).numpy() - np_softmax())))
+    return c
+
+
+def _tiny_case(quick: bool) -> Case:
+    ctx = F.ExecContext()
+    a = F.Tensor("d").from_slice(ctx, (8,), np.arange(8))
+    b = F.Tensor("d").from_slice(ctx, (8,), np.arange(8))
+    c = Case("tiny eager add [8]")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: a.add(b), mt)
+    a0, b0 = a.numpy(), b.numpy()
+    c.numpy = best_time(lambda: np.add(a0, b0), mt)
+    if torch is not None:
+        ta, tb = torch.from_numpy(a0), torch.from_numpy(b0)
+        c.torch = best_time(lambda: torch.add(ta, tb), mt)
+    return c
+
+
+_FIRST_RESULT = """
+import time
+t0 = time.perf_counter()
+import numpy as np
+import fucina as F
+ctx = F.ExecContext()
+x = F.Tensor("r", "c").randn(ctx, (256, 256), 1)
+f = F.compile(lambda x: (x.mul(x).add_scalar(1.0).tanh().mul(x)).sigmoid())
+e = F.compile(lambda x: x.sub(x.max("c")).exp())
+f(x).numpy(); e(x).numpy()
+print(time.perf_counter() - t0)
+"""
+
+
+def _cold_warm_case() -> Case:
+    """Time to a first compiled result in a fresh process: empty cache vs warm cache."""
+    c = Case("first compiled result, new process")
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, FUCINA_CACHE_DIR=d)
+
+        def run() -> float:
+            out = subprocess.run([sys.executable, "-c", _FIRST_RESULT], env=env, check=True,
+                                 capture_output=True, text=True)
+            return float(out.stdout.strip().splitlines()[-1])
+
+        cold = run()
+        warm = min(run() for _ in range(2))
+    c.notes["cold_s"] = cold
+    c.notes["warm_s"] = warm
+    c.notes["cold_over_warm"] = cold / warm
+    return c
+
+
+def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
+    """Run the standard suite and return its rows."""
+    n = 1 << 18 if quick else 1 << 22
+    cases = [_chain_case(n, quick), _five_op_case(quick),
+             _softmax_case(512 if quick else 4096, 1024, quick), _tiny_case(quick)]
+    if cold_warm:
+        cases.append(_cold_warm_case())
+    return cases
+
+
+def _fmt(t: float | None) -> str:
+    if t is None:
+        return "-"
+    if t < 1e-3:
+        return f"{t * 1e6:8.2f} us"
+    return f"{t * 1e3:8.3f} ms"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a / b:6.2f}x"
+
+
+def table(cases: list[Case]) -> str:
+    """Human-readable table; ratios are other/compiled (or other/eager without compiled)."""
+    head = (f"{'case':42} {'eager':>11} {'compiled':>11} {'numpy':>11} {'torch':>11} "
+            f"{'numpy/fast':>10} {'torch/fast':>10}  notes")
+    lines = [head, "-" * len(head)]
+    for c in cases:
+        ref = c.compiled if c.compiled is not None else c.eager
+        notes = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in c.notes.items())
+        lines.append(f"{c.name:42} {_fmt(c.eager):>11} {_fmt(c.compiled):>11} "
+                     f"{_fmt(c.numpy):>11} {_fmt(c.torch):>11} {_ratio(c.numpy, ref):>10} "
+                     f"{_ratio(c.torch, ref):>10}  {notes}")
+    return "\n".join(lines)
+
+
+def conditions() -> dict[str, Any]:
+    """The machine and library versions a run was made under."""
+    import numba
+
+    info = {"python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
+            "fucina": F.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if torch is not None:
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m fucina.bench``."""
+    p = argparse.ArgumentParser(prog="python -m fucina.bench", description=__doc__)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--quick", action="store_true", help="smaller sizes and shorter timing")
+    p.add_argument("--no-cold-warm", action="store_true", help="skip the new-process case")
+    args = p.parse_args(argv)
+    cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm)
+    if args.json:
+        print(json.dumps({"conditions": conditions(), "cases": [asdict(c) for c in cases]},
+                         indent=2))
+    else:
+        print("fucina benchmark suite; " + ", ".join(f"{k}={v}" for k, v in conditions().items()))
+        print(table(cases))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

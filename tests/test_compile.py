@@ -1,0 +1,233 @@
+"""fucina.compile: tracing, fusion, kernel cache, eager/compiled agreement."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fucina as F
+
+
+@pytest.fixture
+def ctx():
+    return F.ExecContext()
+
+
+def _rand(ctx, tags, shape, seed=0):
+    return F.Tensor(*tags).randn(ctx, shape, seed)
+
+
+def test_pointwise_chain_is_one_kernel(ctx):
+    x = _rand(ctx, ("b", "d"), (4, 8))
+    w = _rand(ctx, ("d",), (8,), 1)
+
+    def f(x, w):
+        return x.mul(w).add_scalar(1.0).maximum(x).sub(w).scale(0.5)
+
+    fast = F.compile(f)
+    np.testing.assert_allclose(fast(x, w).numpy(), f(x, w).numpy(), rtol=1e-6)
+    assert len(fast.kernels(x, w)) == 1
+    text = fast.ir(x, w)
+    assert "5 ops fused" in text and "kernel k_" in text and "'b'" not in text
+    assert "f32[b=4, d=8]" in text
+
+
+def test_row_program_is_one_kernel(ctx):
+    x = _rand(ctx, ("row", "col"), (6, 10))
+
+    def centered_scale(x):
+        mu = x.mean("col")
+        d = x.sub(mu)
+        var = d.mul(d).mean("col")
+        return d.div(var.add_scalar(1e-5))
+
+    fast = F.compile(centered_scale)
+    np.testing.assert_allclose(fast(x).numpy(), centered_scale(x).numpy(), rtol=1e-5,
+                               atol=1e-6)
+    assert len(fast.kernels(x)) == 1
+    assert "row" in fast.ir(x)
+
+
+def test_reduction_over_leading_axis_and_permuted_input(ctx):
+    x = _rand(ctx, ("a", "b", "c"), (3, 4, 5))
+
+    def f(x):
+        y = x.permute_to(("c", "a", "b"))
+        return y.mul(y).sum("a").add(x.sum_many(("a", "b")))
+
+    fast = F.compile(f)
+    np.testing.assert_allclose(fast(x).numpy(), f(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_views_fold_and_outputs_may_alias_inputs(ctx):
+    x = _rand(ctx, ("a", "b"), (4, 6))
+
+    def f(x):
+        return x.permute_to(("b", "a")), x.narrow("b", 1, 3).scale(2.0), 3
+
+    fast = F.compile(f)
+    t, n, k = fast(x)
+    assert k == 3
+    np.testing.assert_array_equal(t.numpy(), x.numpy().T)
+    np.testing.assert_allclose(n.numpy(), x.numpy()[:, 1:4] * 2)
+    assert type(t) is F.Tensor("b", "a")
+
+
+def test_static_arguments_and_signature_cache(ctx):
+    x = _rand(ctx, ("a",), (5,))
+    calls = []
+
+    def f(x, k):
+        calls.append(k)
+        return x.scale(k)
+
+    fast = F.compile(f)
+    fast(x, 2.0)
+    fast(x, 2.0)
+    fast(x, 3.0)
+    assert calls == [2.0, 3.0]  # traced once per signature
+    np.testing.assert_allclose(fast(x, 3.0).numpy(), x.numpy() * 3)
+
+
+def test_tag_errors_surface_while_tracing(ctx):
+    x = _rand(ctx, ("m", "k"), (2, 3))
+    y = _rand(ctx, ("n", "j"), (3, 2))
+    fast = F.compile(lambda x, y: x.dot(y, "k"))
+    with pytest.raises(F.TagError, match="'k'"):
+        fast(x, y)
+
+
+X = F.Tensor("batch", "in")
+
+
+def _annotated_ok(x: X) -> F.Tensor("batch", "in"):
+    return x.scale(2.0)
+
+
+def _annotated_bad_return(x: X) -> F.Tensor("batch", "out"):
+    return x.scale(2.0)
+
+
+def test_annotations_are_checked(ctx):
+    f, g = _annotated_ok, _annotated_bad_return
+    fast = F.compile(f)
+    good = _rand(ctx, ("batch", "in"), (2, 3))
+    assert type(fast(good)) is X
+    with pytest.raises(F.TagError, match="parameter 'x'"):
+        fast(_rand(ctx, ("in", "batch"), (3, 2)))
+    with pytest.raises(F.TagError, match="return"):
+        F.compile(g)(good)
+
+
+def test_kernels_not_recompiled_for_new_sizes_or_tags(ctx):
+    def f(x):
+        return x.mul(x).add_scalar(1.0).sub(x)
+
+    fast = F.compile(f)
+    a = _rand(ctx, ("p", "q"), (3, 7))
+    fast(a)
+    b = _rand(ctx, ("u", "v"), (11, 5))  # other tags, other sizes: the same kernel
+    want = f(b).numpy()
+    before = F.cache_info()
+    np.testing.assert_allclose(fast(b).numpy(), want, rtol=1e-6)
+    after = F.cache_info()
+    assert after.kernels == before.kernels
+    assert after.compiled == before.compiled
+    assert fast.kernels(a)[0] is fast.kernels(b)[0]
+
+
+def test_grad_recording_runs_eagerly(ctx):
+    w = F.Tensor("d").variable_from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+    fast = F.compile(lambda w: w.mul(w).sum_all())
+    loss = fast(w)
+    loss.backward()
+    np.testing.assert_array_equal(w.grad().numpy(), [2, 4, 6])
+
+
+def test_disk_cache_survives_a_new_process(tmp_path):
+    script = textwrap.dedent("""
+        import fucina as F
+        ctx = F.ExecContext()
+        x = F.Tensor("a", "b").randn(ctx, (3, 5), 1)
+        f = F.compile(lambda x: x.mul(x).add_scalar(0.25).sub(x).scale(3.0))
+        f(x).numpy()
+        info = F.cache_info()
+        print(info.compiled, info.disk_hits)
+    """)
+    env = dict(os.environ, FUCINA_CACHE_DIR=str(tmp_path))
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, check=True).stdout.split()
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert int(first[0]) >= 1 and int(first[1]) == 0
+    assert int(second[0]) == 0 and int(second[1]) >= 1
+    assert list(tmp_path.glob("k_*.py"))
+
+
+# -- eager == compiled on random programs -------------------------------------------
+
+_TAGS = ("a", "b", "c")
+_SIZES = {"a": 3, "b": 4, "c": 2}
+
+
+@st.composite
+def _program(draw):
+    """A random straight-line program over tensors with tag subsets of a, b, c."""
+    n_inputs = draw(st.integers(1, 3))
+    inputs = [tuple(draw(st.permutations(draw(st.lists(st.sampled_from(_TAGS), min_size=1,
+                                                              max_size=3, unique=True)))))
+              for _ in range(n_inputs)]
+    ops = []
+    for _ in range(draw(st.integers(1, 7))):
+        kind = draw(st.sampled_from(["bin", "bin", "scalar", "reduce", "permute"]))
+        if kind == "bin":
+            ops.append(("bin", draw(st.sampled_from(["add", "sub", "mul", "maximum",
+                                                      "minimum"]))))
+        elif kind == "scalar":
+            ops.append(("scalar", draw(st.sampled_from(["scale", "add_scalar"])),
+                        draw(st.floats(-2, 2, allow_nan=False, width=32))))
+        else:
+            ops.append((kind,))
+    return inputs, ops, draw(st.integers(0, 10**6))
+
+
+def _run_program(xs, ops, seed):
+    rng = np.random.default_rng(seed)
+    vals = list(xs)
+    for op in ops:
+        if op[0] == "bin":
+            a, b = vals[rng.integers(len(vals))], vals[rng.integers(len(vals))]
+            vals.append(getattr(a, op[1])(b))
+        elif op[0] == "scalar":
+            vals.append(getattr(vals[-1], op[1])(op[2]))
+        elif op[0] == "reduce":
+            v = vals[-1]
+            if v.tag_count:
+                t = v.axis_tags[rng.integers(v.tag_count)]
+                vals.append(v.sum(t) if rng.integers(2) else v.mean(t))
+        else:
+            v = vals[-1]
+            perm = tuple(rng.permutation(list(v.axis_tags)))
+            vals.append(v.permute_to(perm) if perm else v)
+    return vals[-1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(_program())
+def test_eager_equals_compiled_on_random_programs(prog):
+    inputs, ops, seed = prog
+    ctx = F.ExecContext()
+    xs = [F.Tensor(*tags).randn(ctx, tuple(_SIZES[t] for t in tags), k)
+          for k, tags in enumerate(inputs)]
+    want = _run_program(xs, ops, seed)
+    fast = F.compile(lambda *xs: _run_program(xs, ops, seed))
+    got = fast(*xs)
+    assert type(got) is type(want)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
