@@ -153,14 +153,89 @@ def _binary(n: Node, g: Node) -> Grads:
         wa = _bin("add", _mask(win, a, b), tie)
         wb = _bin("add", _mask(lose, a, b), tie)
         return _bin("mul", g, wa), _bin("mul", g, wb)
+    if fn == "pow":
+        return _pow_base_grad(g, a, b), _pow_exponent_grad(n, g, a, b)
     raise KeyError(f"no gradient rule for binary {fn}")
+
+
+def _cmp(fn: str, a: Node, v: float) -> Node:
+    return emit("compare", (a,), fn=fn, value=v)
+
+
+def _where_zero(cond: Node, a: Node) -> Node:
+    """cond ? 0 : a."""
+    return emit("where", (cond, _zeros(a.shape), a))
+
+
+def _pow_base_grad(g: Node, a: Node, b: Node) -> Node:
+    # d(a^b)/da = b a^(b-1); zero where b == 0 (torch: no 0 * inf at a = 0)
+    t = _bin("mul", b, _bin("pow", a, _scal("add", b, -1.0)))
+    return _where_zero(_cmp("eq", b, 0.0), _bin("mul", g, t))
+
+
+def _pow_exponent_grad(n: Node, g: Node, a: Node, b: Node) -> Node:
+    # d(a^b)/db = a^b ln a; zero where a == 0 and b >= 0 (torch's convention)
+    t = _bin("mul", g, _bin("mul", n, emit("unary", (a,), fn="log")))
+    cond = emit("binary", (_cmp("eq", a, 0.0), _cmp("ge", b, 0.0)), fn="logical_and")
+    return _where_zero(cond, t)
+
+
+#: unary fn -> (operand the derivative reads: "x" input / "out" output, derivative fn,
+#: fixed params or None to reuse the forward node's params)
+_UNARY_D: dict[str, tuple[str, str, tuple[float, ...] | None]] = {
+    "relu": ("x", "d_relu", ()),
+    "leaky_relu": ("x", "d_leaky_relu", None),
+    "sigmoid": ("out", "d_sigmoid_out", ()),
+    "silu": ("x", "d_silu", ()),
+    "softplus": ("x", "d_softplus", ()),
+    "tanh": ("out", "d_tanh_out", ()),
+    "softcap_30": ("out", "d_softcap_out", (30.0,)),
+    "softcap_15": ("out", "d_softcap_out", (15.0,)),
+    "sqrt": ("out", "d_sqrt_out", ()),
+    "rsqrt": ("out", "d_rsqrt_out", ()),
+    "log1p": ("x", "d_log1p", ()),
+    "sin": ("x", "cos", ()),
+    "cos": ("x", "d_cos", ()),
+    "fast_tanh": ("x", "d_fast_tanh", ()),
+    "gelu": ("x", "d_gelu", ()),
+    "gelu_quant": ("x", "d_gelu", ()),  # inference op; the exact-gelu derivative
+    "quick_gelu": ("x", "d_quick_gelu", ()),
+    "elu": ("x", "d_elu", ()),
+    "gelu_erf": ("x", "d_gelu_erf", ()),
+    "reciprocal": ("out", "d_reciprocal_out", ()),
+    "abs": ("x", "sign", ()),  # torch: sgn(x), 0 at 0
+    "clamp": ("x", "d_clamp", None),
+}
+
+#: Piecewise-constant ops: zero gradient almost everywhere (torch convention).
+_UNARY_ZERO = frozenset({"floor", "ceil", "round", "sign"})
 
 
 @rule("unary")
 def _unary(n: Node, g: Node) -> Grads:
+    from ..kernels.elementwise import UNARY
+
     fn = n.attrs["fn"]
+    x = n.inputs[0]
     if fn == "neg":
         return (_neg(g),)
+    if fn == "exp":
+        return (_bin("mul", g, n),)
+    if fn == "log":  # g / x, as g * (1/x): +-inf at 0 without a division trap
+        return (_bin("mul", g, emit("unary", (x,), fn="reciprocal")),)
+    if fn == "dropout":  # self-adjoint: the same (seed, p) mask regenerated over g
+        return (emit("unary", (g,), fn="dropout", params=n.attrs["params"]),)
+    if fn in _UNARY_ZERO:
+        return (_zeros(x.shape),)
+    if UNARY[fn].out_bool:
+        return (None,)
+    if fn in _UNARY_D:
+        src, dfn, params = _UNARY_D[fn]
+        if params is None:
+            params = tuple(n.attrs.get("params", ()))
+        kw = {"params": params} if params else {}
+        d = emit("unary", (x if src == "x" else n,), fn=dfn, **kw)
+        return (_bin("mul", g, d),)
     raise KeyError(f"no gradient rule for unary {fn}")
 
 
@@ -180,6 +255,8 @@ def _scalar(n: Node, g: Node) -> Grads:
         # d(v/x) = -v/x^2 = -(out/x)
         return (_neg(_bin("mul", g, _bin("div", n, x))),)
     if fn == "pow":
+        if v == 0:
+            return (_zeros(x.shape),)  # torch: exactly zero (no 0 * inf at x = 0)
         return (_bin("mul", g, _scal("mul", _scal("pow", x, v - 1), v)),)
     raise KeyError(f"no gradient rule for scalar {fn}")
 
@@ -204,7 +281,82 @@ def _reduce(n: Node, g: Node) -> Grads:
                 count *= x.shape[ax]
             gb = _scal("div", gb, float(count))
         return (gb,)
+    if fn in ("max", "min"):
+        return (_extremum_grad(n, g, x, axes),)
+    if fn == "prod":
+        return (_prod_grad(n, g, x, axes),)
     raise KeyError(f"no gradient rule for reduce {fn}")
+
+
+def _extremum_grad(n: Node, g: Node, x: Node, axes: tuple[int, ...]) -> Node:
+    """max/min VJP. The winners are the elements equal to the result, or NaN (a NaN
+    result came from a NaN). ``ties="first"`` (torch.max over a dim, the default for
+    one axis) routes the gradient to the first winner along the axis; ``"split"``
+    (torch.amax, vector_norm's inf order) shares it evenly among the winners."""
+    gb = broadcast_back(g, x.shape, axes)
+    hit = emit("binary", (emit("compare", (x, broadcast_back(n, x.shape, axes)), fn="eq"),
+                          emit("compare", (x, x), fn="ne")), fn="logical_or")
+    if n.attrs.get("ties", "first") == "first" and len(axes) == 1:
+        seen = emit("scan", (_f32(hit),), axis=axes[0], fn="cumsum")
+        first = emit("binary", (hit, _cmp("eq", seen, 1.0)), fn="logical_and")
+        return emit("where", (first, gb, _zeros(x.shape)))
+    hf = _f32(hit)
+    count = emit("reduce", (hf,), fn="sum", axes=axes, dtype=DType.f32)
+    share = _bin("div", gb, broadcast_back(count, x.shape, axes))
+    return _bin("mul", share, hf)
+
+
+def _prod_grad(n: Node, g: Node, x: Node, axes: tuple[int, ...]) -> Node:
+    """torch.prod's VJP: no zero in the lane -> g * prod / x; exactly one zero ->
+    g * (product of the others) at the zero, 0 elsewhere; two or more -> 0."""
+    zero = _cmp("eq", x, 0.0)
+    ones = emit("fill", (), shape=x.shape, dtype=DType.f32, value=1.0)
+    nonzero = emit("where", (zero, ones, x))
+    rest = broadcast_back(emit("reduce", (nonzero,), fn="prod", axes=axes, dtype=DType.f32),
+                          x.shape, axes)
+    nzeros = broadcast_back(emit("reduce", (_f32(zero),), fn="sum", axes=axes,
+                                 dtype=DType.f32), x.shape, axes)
+    no_zero = _bin("div", rest, nonzero)
+    one_zero = emit("where", (zero, rest, _zeros(x.shape)))
+    factor = emit("where", (_cmp("eq", nzeros, 0.0), no_zero,
+                            emit("where", (_cmp("eq", nzeros, 1.0), one_zero,
+                                           _zeros(x.shape)))))
+    return _bin("mul", broadcast_back(g, x.shape, axes), factor)
+
+
+@rule("scan")
+def _scan(n: Node, g: Node) -> Grads:
+    x = n.inputs[0]
+    axis, fn = n.attrs["axis"], n.attrs["fn"]
+    rev = bool(n.attrs.get("reverse", False))
+    if fn == "cumsum":
+        # the adjoint of a prefix sum is the suffix sum (and vice versa)
+        return (emit("scan", (g,), axis=axis, fn="cumsum", reverse=not rev),)
+    if fn == "cumprod" and not rev:
+        return (_cumprod_grad(n, g, x, axis),)
+    raise KeyError(f"no gradient rule for scan {fn} (reverse={rev})")
+
+
+def _cumprod_grad(n: Node, g: Node, x: Node, axis: int) -> Node:
+    """torch.cumprod's VJP, exact with zeros, O(n) per lane.
+
+    With z the first zero of a lane: positions before it get
+    suffix_sum(g * out) / x; the first zero gets suffix_sum(g * out') where out'
+    is the running product with that zero replaced by 1; positions after it get 0.
+    A zero-free lane is all "before".
+    """
+    def suffix(v: Node) -> Node:
+        return emit("scan", (v,), axis=axis, fn="cumsum", reverse=True)
+
+    zero = _cmp("eq", x, 0.0)
+    seen = emit("scan", (_f32(zero),), axis=axis, fn="cumsum")
+    before = _cmp("eq", seen, 0.0)
+    first = emit("binary", (zero, _cmp("eq", seen, 1.0)), fn="logical_and")
+    ones = emit("fill", (), shape=x.shape, dtype=DType.f32, value=1.0)
+    out1 = emit("scan", (emit("where", (first, ones, x)),), axis=axis, fn="cumprod")
+    lead = _bin("div", suffix(_bin("mul", g, n)), emit("where", (before, x, ones)))
+    at_zero = suffix(_bin("mul", g, out1))
+    return emit("where", (before, lead, emit("where", (first, at_zero, _zeros(x.shape)))))
 
 
 @rule("contract")

@@ -60,6 +60,11 @@ def fusable(n: Node) -> bool:
     return True
 
 
+def uses_index(n: Node) -> bool:
+    """Elementwise nodes whose template reads the element's flat index."""
+    return n.op == "unary" and "{i}" in UNARY[n.attrs["fn"]].template
+
+
 def fusable_reduce(n: Node) -> bool:
     """Reductions the generator can express."""
     return (n.op == "reduce" and n.attrs["fn"] in _REDUCE_FNS and codegen_dtype(n.dtype)
@@ -76,6 +81,7 @@ class Group:
     members: list[Node] = field(default_factory=list)
     level: dict[int, str] = field(default_factory=dict)
     deps: set[int] = field(default_factory=set)
+    has_index: bool = False  # a member reads its flat element index (dropout)
 
     @property
     def kept_axes(self) -> tuple[int, ...]:
@@ -159,9 +165,10 @@ class Fuser:
     def _add_ew(self, n: Node) -> Group:
         shape = tuple(n.shape)
         tried: set[int] = set()
+        indexed = uses_index(n)
         for v in n.inputs:
             g = self.group_of.get(id(self.producer(v)))
-            if g is None or g.gid in tried:
+            if g is None or g.gid in tried or (indexed and g.raxes):
                 continue
             tried.add(g.gid)
             if not g.raxes:
@@ -177,8 +184,11 @@ class Fuser:
             others = [self.group_of.get(id(self.producer(u))) for u in n.inputs]
             if any(o is not None and o is not g and self._depends(g, o) for o in others):
                 continue
+            g.has_index |= indexed
             return self._join(n, g, target)
-        return self._join(n, self._new(shape), "kept")
+        g = self._new(shape)
+        g.has_index = indexed
+        return self._join(n, g, "kept")
 
     def _levels_fit(self, n: Node, g: Group, target: str) -> bool:
         """Every operand internal to ``g`` must be readable at ``target`` level."""
@@ -202,7 +212,9 @@ class Fuser:
         p = self.producer(v)
         g = self.group_of.get(id(p))
         if g is not None and v is p and tuple(v.shape) == g.full_shape:
-            if not g.raxes and all(lv == "kept" for lv in g.level.values()):
+            # Row loops walk the reduced axes innermost, so flat indices would not be
+            # the logical ones: an indexed (dropout) group stays pointwise.
+            if not g.raxes and not g.has_index and all(lv == "kept" for lv in g.level.values()):
                 g.raxes = axes
                 for k in g.level:
                     g.level[k] = "full"

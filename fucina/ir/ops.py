@@ -104,6 +104,20 @@ def _binary(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
     return a.shape, a.dtype
 
 
+def _unary(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
+    from ..kernels.elementwise import UNARY
+
+    if UNARY[attrs["fn"]].out_bool:
+        return ins[0].shape, DType.bool
+    return ins[0].shape, ins[0].dtype
+
+
+def _argmax(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
+    axis = attrs["axis"]
+    shape = tuple(d for i, d in enumerate(ins[0].shape) if i != axis) or (1,)
+    return shape, DType.i64
+
+
 def _where(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
     return ins[1].shape, ins[1].dtype
 
@@ -160,10 +174,12 @@ _op("copy", infer=_same)
 _op("cast", infer=_cast)
 _op("binary", infer=_binary)
 _op("compare", infer=_bool_out, differentiable=False)
-_op("unary", infer=_same)
+_op("unary", infer=_unary)
 _op("scalar", infer=_same)
 _op("where", infer=_where)
 _op("reduce", infer=_reduce)
+_op("scan", infer=_same)  # inclusive cumsum/cumprod along ``axis`` (``reverse``: suffix scan)
+_op("argmax", infer=_argmax, differentiable=False)
 _op("contract", infer=_contract)
 _op("gather", infer=_with_axis_len)
 _op("scatter_axis_add", infer=_scatter_axis)

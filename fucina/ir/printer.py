@@ -43,24 +43,32 @@ def format_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> list
     return lines
 
 
+def _gemm_note(n: Node) -> str:
+    from ..kernels.gemm import plan
+
+    a, b = n.inputs
+    la, lb, lo = n.attrs["labels"]
+    p = plan(a.value.shape if la else (), a.value.strides if la else (), tuple(la),
+             b.value.shape if lb else (), b.value.strides if lb else (), tuple(lb), tuple(lo))
+    return p.describe()
+
+
 def format_program(prog: Any) -> str:
-    """The optimized program: inputs, each kernel with the ops it covers, reference ops."""
+    """The optimized program: inputs, views, each kernel with the ops it covers, other ops."""
     names: dict[int, str] = {}
-    out = ["program:"]
     for k, n in enumerate(prog.inputs):
         names[id(n)] = f"%in{k}"
-        out.append(f"  %in{k} : {_type(n)}")
     for n in prog.nodes:
-        if n.op in ("const", "variable") and id(n) not in names:
-            names[id(n)] = f"%c{len(names)}"
+        if id(n) not in names:
+            names[id(n)] = f"%{len(names)}"
+    out = ["program:"]
+    for n in prog.inputs:
+        out.append(f"  {names[id(n)]} : {_type(n)}")
+    for n in prog.nodes:
+        if n.op in ("const", "variable"):
             out.append(f"  {names[id(n)]} = {n.op} : {_type(n)}")
-    view_nodes = {id(n): n for n in prog.nodes if n.inputs and n.op in ("view", "reshape",
-                                                                        "merge", "strided")}
-    for n in prog.nodes:
-        if id(n) in view_nodes:
-            out += ["  " + line + "   (view: folded into its readers)"
-                    for line in format_nodes([n], names)]
-            continue
+        elif n.inputs and n.op in ("view", "reshape", "merge", "strided"):
+            out.append("  " + format_nodes([n], names)[0] + "   (view: folded, no copy)")
     for st in prog.steps:
         if st.kind == "kernel":
             b = st.built
@@ -68,11 +76,12 @@ def format_program(prog: Any) -> str:
             par = ", parallel" if b.spec.parallel else ""
             out.append(f"  kernel {st.kernel.name} ({kind}{par}; loops {list(b.loop_sizes)}; "
                        f"{len(b.members)} ops fused):")
-            outs = {id(n) for n in b.outputs}
+            stored = {id(n) for n in b.outputs}
             for line, n in zip(format_nodes(b.members, names), b.members):
-                mark = "   -> stored" if id(n) in outs else ""
-                out.append("    " + line + mark)
+                out.append("    " + line + ("   -> stored" if id(n) in stored else ""))
         else:
-            out.append("  " + format_nodes([st.node], names)[0] + "   (reference kernel)")
+            n = st.node
+            note = _gemm_note(n) if n.op == "contract" else "reference kernel"
+            out.append("  " + format_nodes([n], names)[0] + f"   ({note})")
     out.append("  return " + ", ".join(names.get(id(o), "?") for o in prog.outputs))
     return "\n".join(out)

@@ -24,7 +24,7 @@ from .graph import Node
 from .ops import OPS
 
 #: Total elements from which a generated kernel runs its outer loop in parallel.
-PARALLEL_MIN = 1 << 16
+PARALLEL_MIN = 1 << 18
 
 
 def _attr_key(v: Any) -> Any:

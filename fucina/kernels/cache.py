@@ -20,7 +20,21 @@ from typing import Any
 
 import numba
 
-_VERSION = "1"  # bump when generated code conventions change
+_VERSION = "2"  # bump when generated code conventions change
+
+
+def _deps_hash() -> str:
+    """Hash of the modules generated kernels inline: a change there invalidates them."""
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in ("scalar_fns.py", "vecmath.py", "codegen.py"):
+        p = here / name
+        if p.exists():
+            h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+_DEPS = _deps_hash()
 
 
 def cache_dir() -> Path:
@@ -87,7 +101,8 @@ _MEMORY: dict[str, Kernel] = {}
 
 def load(source: str) -> Kernel:
     """The kernel for ``source``: from memory, else from (or written to) the disk cache."""
-    key = hashlib.sha256((_VERSION + numba.__version__ + source).encode()).hexdigest()[:20]
+    key = hashlib.sha256((_VERSION + _DEPS + numba.__version__ + source).encode()
+                         ).hexdigest()[:20]
     k = _MEMORY.get(key)
     if k is not None:
         _INFO.memory_hits += 1

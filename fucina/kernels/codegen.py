@@ -164,7 +164,9 @@ def generate(spec: KernelSpec) -> str:
     w(0, "")
     w(0, "")
     par = "True" if spec.parallel else "False"
-    w(0, f"@njit(cache=True, fastmath={FASTMATH}, parallel={par}, nogil=True)")
+    # error_model numpy: x / 0 is inf or nan, as in the reference kernels, not an exception.
+    w(0, f"@njit(cache=True, fastmath={FASTMATH}, parallel={par}, nogil=True, "
+         'error_model="numpy")')
     w(0, f"def kernel({', '.join(args)}):")
     kloops = [f"k{a}" for a in range(nk)]
     depth = 1

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType
+from . import gemm
 from .cast import bf16_to_f32, cast_array, f32_to_bf16
 from .elementwise import BINARY, COMPARE, SCALAR, UNARY
 
@@ -106,23 +107,43 @@ def reduce(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarr
     return np.asarray(r, dtype=acc)
 
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+@kernel("scan")
+def scan(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Inclusive cumsum/cumprod along ``axis``, serial in sequence order.
+
+    ``reverse`` scans from the end (a suffix sum: cumsum's adjoint).
+    """
+    a, axis = ins[0], attrs["axis"]
+    acc = out.storage
+    if attrs.get("reverse"):
+        a = np.flip(a, axis)
+    with np.errstate(all="ignore"):
+        if attrs["fn"] == "cumsum":
+            r = np.cumsum(a, axis=axis, dtype=acc)
+        elif attrs["fn"] == "cumprod":
+            r = np.cumprod(a, axis=axis, dtype=acc)
+        else:
+            raise KeyError(attrs["fn"])
+    if attrs.get("reverse"):
+        r = np.flip(r, axis)
+    return np.ascontiguousarray(r)
+
+
+@kernel("argmax")
+def argmax(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """First index of the maximum along ``axis``; NaN never wins (an all-NaN lane gives 0)."""
+    a, axis = ins[0], attrs["axis"]
+    if a.dtype.kind == "f":
+        a = np.where(np.isnan(a), a.dtype.type(-np.inf), a)
+    return np.argmax(a, axis=axis).astype(np.int64)
 
 
 @kernel("contract")
 def contract(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """Two-operand contraction over labelled axes, accumulating in f32/f64."""
+    """Two-operand contraction over labelled axes: BLAS GEMM, f32/f64 accumulation."""
     la, lb, lo = attrs["labels"]
-    spec = (
-        "".join(_LETTERS[i] for i in la) + ","
-        + "".join(_LETTERS[i] for i in lb) + "->"
-        + "".join(_LETTERS[i] for i in lo)
-    )
-    acc = np.float64 if out is DType.f64 else np.float32
-    # Scalars are stored as [1] but carry no labels.
-    a = ins[0].astype(acc, copy=False).reshape(ins[0].shape if la else ())
-    b = ins[1].astype(acc, copy=False).reshape(ins[1].shape if lb else ())
-    return np.einsum(spec, a, b, optimize=True)
+    acc = np.dtype(np.float64 if out is DType.f64 else np.float32)
+    return gemm.contract(ins[0], ins[1], tuple(la), tuple(lb), tuple(lo), acc)
 
 
 def _axis_first(a: np.ndarray, axis: int) -> np.ndarray:
@@ -275,7 +296,8 @@ def dequantize(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.n
 
 
 # bf16 is stored as raw bits: arithmetic ops decode to f32 and narrow once.
-_BF16_MATH = frozenset({"binary", "unary", "scalar", "reduce", "contract", "compare"})
+_BF16_MATH = frozenset({"binary", "unary", "scalar", "reduce", "contract", "compare",
+                        "scan", "argmax"})
 
 
 def run(op: str, attrs: dict[str, Any], ins: list[np.ndarray], in_dtypes: list[DType],

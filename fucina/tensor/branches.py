@@ -9,7 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..dtypes import DType
-from . import autograd, construct, contract, math, structural, views  # noqa: F401 - fill POOL
+from . import (  # noqa: F401 - fill POOL
+    autograd,
+    construct,
+    contract,
+    masks,
+    math,
+    reductions,
+    structural,
+    unary,
+    views,
+)
 from .base import POOL, Tensor
 
 _COMMON = (
@@ -34,7 +44,12 @@ _TYPED_FLOAT = (
 _HALF = (
     "variable variable_from_slice grad grad_view add_scalar sub_scalar maximum minimum compare "
     "logical_and logical_or logical_xor logical_not pad einsum neg __neg__ __pow__ "
-    "__lt__ __le__ __gt__ __ge__"
+    "__lt__ __le__ __gt__ __ge__ "
+    # the widened forward set (compute through f32, narrow once; reductions -> f32)
+    "unary relu exp sqrt rsqrt sigmoid silu log log1p abs __abs__ sin cos tanh fast_tanh "
+    "softcap30 softcap15 gelu quick_gelu elu gelu_erf floor ceil round sign reciprocal "
+    "leaky_relu clamp pow_scalar cumsum cumprod where masked_fill max min prod variance "
+    "logsumexp argmax"
 )
 _F32 = (
     "variable variable_from_slice from_slice from_borrowed_slice from_borrowed_const_slice "
@@ -48,8 +63,18 @@ _F32 = (
     "zero_slice zero_rows diagonal diag diag_embed trace "
     "add sub mul div maximum minimum scale add_scalar sub_scalar div_scalar neg compare "
     "logical_and logical_or logical_xor logical_not sum mean sum_all sum_many dot einsum "
+    "matmul add_dot "
     "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __neg__ "
-    "__pow__ __lt__ __le__ __gt__ __ge__"
+    "__pow__ __lt__ __le__ __gt__ __ge__ "
+    # unary / parameterized elementwise (§4.3, §4.4)
+    "pow pow_scalar unary relu leaky_relu exp sqrt rsqrt sigmoid silu log log1p abs __abs__ "
+    "sin cos tanh fast_tanh softcap30 softcap15 gelu quick_gelu elu gelu_erf floor ceil round "
+    "sign reciprocal clamp clamp_min clamp_max dropout "
+    # masks and conditionals (§4.6)
+    "where masked_fill isnan isinf isfinite band_part tril triu "
+    # reductions and scans (§4.7, argmax §4.16)
+    "max min prod variance norm norm_all logsumexp any all any_all all_all cumsum cumprod "
+    "argmax"
 )
 _QUANT = "from_blocks from_storage_slice from_borrowed_blocks concat get_rows"
 

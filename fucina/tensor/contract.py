@@ -133,3 +133,95 @@ def einsum_many(out_tags: Any, operands: Sequence[Any]) -> Any:
 
 def _ones_like_scalar(node: Node) -> Node:
     return emit("fill", (), shape=(1,), dtype=node.dtype, value=1)
+
+
+_KINDS = ("plain", "trans_a", "trans_b")
+
+
+@method
+def matmul(self: Any, other: Any, kind: str, out_tags: Any) -> Any:
+    """Positional GEMM: the caller picks ``kind`` and names the result axes.
+
+    Rank-2 operands: ``plain`` is [m,k]·[k,n], ``trans_b`` is [m,k]·[n,k]ᵀ.
+    Higher ranks are batched over their leading axes, which broadcast
+    (stride 0) like numpy's matmul; ``trans_a`` ([b..,k,m]ᵀ·[b..,k,n]) is
+    batched-only. The operands' storage order is the GEMM layout.
+    """
+    check_tensor(other)
+    same_ctx(self, other)
+    if kind not in _KINDS:
+        raise TagError(f"matmul kind must be one of {_KINDS}, got {kind!r}")
+    if self.dtype is not DType.f32 or other.dtype is not DType.f32:
+        raise TagError("matmul takes f32 operands; use dot for typed operands")
+    ra, rb = self.tag_count, other.tag_count
+    if ra < 2 or rb < 2:
+        raise TagError(f"matmul needs operands of rank >= 2, got ranks {ra} and {rb}")
+    if kind == "trans_a" and ra == 2 and rb == 2:
+        raise TagError("rank-2 trans_a matmul does not exist: use dot, whose tag algebra "
+                       "reaches the transposed-A GEMM")
+    sa, sb = self.shape, other.shape
+    ba, bb = sa[:-2], sb[:-2]
+    nb = max(len(ba), len(bb))
+    batch = []
+    for i in range(nb):
+        da = ba[i - nb + len(ba)] if i - nb + len(ba) >= 0 else 1
+        db = bb[i - nb + len(bb)] if i - nb + len(bb) >= 0 else 1
+        if da != db and 1 not in (da, db):
+            raise ShapeMismatch(f"matmul batch axis {i}: sizes {da} and {db} do not broadcast")
+        batch.append(max(da, db))
+    out = T.check_tags(T.normalize_tags(out_tags))
+    if len(out) != nb + 2:
+        raise TagError(f"matmul result has rank {nb + 2}, out_tags {out} has {len(out)} tags")
+    (m, k1) = (sa[-1], sa[-2]) if kind == "trans_a" else (sa[-2], sa[-1])
+    (k2, n) = (sb[-1], sb[-2]) if kind == "trans_b" else (sb[-2], sb[-1])
+    if k1 != k2:
+        raise ShapeMismatch(f"matmul contracts sizes {k1} and {k2}")
+    bl = tuple(range(nb))
+    M, N, K = nb, nb + 1, nb + 2
+    la = (M, K) if kind != "trans_a" else (K, M)
+    lb = (N, K) if kind == "trans_b" else (K, N)
+    an = _broadcast_batch(self, batch, nb)
+    bn = _broadcast_batch(other, batch, nb)
+    node = emit("contract", (an, bn), labels=(bl + la, bl + lb, bl + (M, N)),
+                shape=tuple(batch) + (m, n), dtype=DType.f32)
+    return result(self, out, node, DType.f32)
+
+
+def _broadcast_batch(x: Any, batch: list[int], nb: int) -> Node:
+    """View ``x`` with its leading axes broadcast to ``batch`` (stride 0, no copy)."""
+    node = x._node
+    r = len(node.shape)
+    own = r - 2
+    shape = tuple(batch) + node.shape[-2:]
+    coeffs = []
+    for i in range(nb):
+        j = i - nb + own
+        row = [0] * r
+        if j >= 0 and node.shape[j] == batch[i]:
+            row[j] = 1
+        coeffs.append(tuple(row))
+    coeffs += [tuple(1 if c == r - 2 else 0 for c in range(r)),
+               tuple(1 if c == r - 1 else 0 for c in range(r))]
+    if shape == node.shape and own == nb:
+        return node
+    return emit("view", (node,), shape=shape, coeffs=tuple(coeffs), base=(0,) * r)
+
+
+@method
+def add_dot(self: Any, a: Any, b: Any, contract: str) -> Any:
+    """``self + a·b`` contracting ``contract`` (torch.addmm): a [rows, contract],
+    b [contract, cols], self exactly [rows, cols]; f32, differentiable in all three."""
+    check_tensor(a, "a")
+    check_tensor(b, "b")
+    same_ctx(self, a, b)
+    for x in (self, a, b):
+        if x.dtype is not DType.f32:
+            raise TagError("add_dot takes f32 operands; compose dot and add for other dtypes")
+    if a.tag_count != 2 or b.tag_count != 2 or a.axis_tags[1] != contract \
+            or b.axis_tags[0] != contract:
+        raise TagError(f"add_dot needs a tagged [rows, {contract!r}] and b tagged "
+                       f"[{contract!r}, cols]; got {a.axis_tags} and {b.axis_tags}")
+    want = (a.axis_tags[0], b.axis_tags[1])
+    if self.axis_tags != want:
+        raise TagError(f"add_dot: self must be tagged exactly {want}, got {self.axis_tags}")
+    return self.add(a.dot(b, contract))

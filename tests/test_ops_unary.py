@@ -1,0 +1,502 @@
+"""Unary and parameterized elementwise ops: templates, forward and gradients.
+
+The first group compiles every elementwise template (the scalar Numba
+lowering of each table entry) and checks it against the entry's numpy
+implementation on edge values, independently of any code generator. The rest
+compare the facade ops (forward values and input gradients) with PyTorch,
+and check the f16/bf16 widened forms bit for bit against "cast to f32, run the
+f32 op, cast back".
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import fucina as F
+from fucina.kernels import scalar_fns as sf
+from fucina.kernels import vecmath as vm
+from fucina.kernels.elementwise import BINARY, PUBLIC_UNARY, UNARY
+from fucina.kernels.elementwise import dropout_keep_mask as np_keep_mask
+
+RNG = np.random.default_rng(7)
+
+try:
+    from fucina.kernels.codegen import FASTMATH as _FM_TEXT
+
+    FASTMATH = eval(_FM_TEXT)  # noqa: S307 - the generator's own flag-set literal
+except Exception:  # noqa: BLE001 - the generator is optional for this test
+    FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+EDGE = np.array([
+    np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30, 3e38, -3e38, 1e-40, -1e-40, 1e-6, -1e-6,
+    0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 1.0, -1.0, 3.7, -3.7, 9.99, 10.0, -10.0, 20.0, -20.0,
+    88.0, -88.0, 100.0, -100.0, 65519.0, 65521.0, 8388609.0, -8388609.0,
+], dtype=np.float32)
+X = np.concatenate([EDGE, (RNG.standard_normal(300) * 4).astype(np.float32)])
+
+PARAMS = {
+    "leaky_relu": (0.1,), "d_leaky_relu": (0.1,), "clamp": (-1.0, 2.0), "d_clamp": (-1.0, 2.0),
+    "dropout": (1234, 0.3), "d_softcap_out": (30.0,),
+}
+# vecmath's sin/cos reduce the argument accurately for |x| <= 2**22 (documented range).
+LIMITED = {"sin": 2.0**22, "cos": 2.0**22, "d_cos": 2.0**22}
+
+
+def _template_kernel(entries: list[tuple[str, int]]):
+    """One njit kernel evaluating every template into row k of a float64 output."""
+    from numba import njit
+
+    args, lines = ["x", "out"], []
+    for k, (fn, nparams) in enumerate(entries):
+        names = {f"p{j}": f"p_{k}_{j}" for j in range(nparams)}
+        args += list(names.values())
+        expr = UNARY[fn].template.format(x="v", i="i", **names)
+        lines.append(f"        out[{k}, i] = np.float64(np.float32({expr}))")
+    src = (f"def kern({', '.join(args)}):\n    for i in range(x.shape[0]):\n"
+           "        v = x[i]\n" + "\n".join(lines) + "\n")
+    env = {"math": math, "np": np, "sf": sf, "vm": vm}
+    exec(src, env)  # noqa: S102 - generated test source
+    return njit(fastmath=FASTMATH)(env["kern"])
+
+
+def test_every_unary_template_matches_its_numpy_implementation():
+    fns = [fn for fn in UNARY if fn != "logical_not"]
+    entries = [(fn, UNARY[fn].nparams) for fn in fns]
+    kern = _template_kernel(entries)
+    out = np.empty((len(fns), X.size), dtype=np.float64)
+    params = [p for fn in fns for p in PARAMS.get(fn, ())]
+    assert all(UNARY[fn].nparams == len(PARAMS.get(fn, ())) for fn in fns)
+    kern(X, out, *params)
+    failures = []
+    for k, fn in enumerate(fns):
+        d = UNARY[fn]
+        with np.errstate(all="ignore"):
+            ref = np.asarray(d.numpy(X, *PARAMS.get(fn, ())), dtype=np.float64)
+        got = out[k] if not d.out_bool else out[k] != 0
+        sel = np.abs(X) <= LIMITED.get(fn, np.inf)
+        sel |= np.isnan(X)
+        if fn in LIMITED:
+            sel &= np.isfinite(X)
+        if d.out_bool:
+            ok = np.array_equal(got[sel], ref[sel].astype(bool))
+        else:
+            rtol = 1e-3 if fn == "gelu_quant" else (3e-5 if fn.startswith("d_") else 1e-5)
+            atol = 3e-7 if fn.startswith("d_") else 1e-37
+            ok = np.allclose(got[sel], ref[sel], rtol=rtol, atol=atol, equal_nan=True)
+        if not ok:
+            bad = ~np.isclose(got, ref, rtol=1e-5, atol=1e-37, equal_nan=True) & sel
+            failures.append((fn, X[bad][:5], got[bad][:5], ref[bad][:5]))
+    assert not failures, failures
+
+
+def test_binary_scalar_helpers_match_numpy():
+    from numba import njit
+
+    def compile_binary(fn: str):
+        src = ("def kern(a, b, out):\n    for i in range(a.shape[0]):\n"
+               f"        out[i] = {BINARY[fn].template.format(a='a[i]', b='b[i]')}\n")
+        env = {"math": math, "np": np, "sf": sf, "vm": vm}
+        exec(src, env)  # noqa: S102 - generated test source
+        return njit(fastmath=FASTMATH)(env["kern"])
+
+    a = np.concatenate([EDGE, RNG.standard_normal(50).astype(np.float32) * 3])
+    b = np.roll(a, 7)
+    a = np.concatenate([a, [0, 0, -2, -2, 4, 0.5]]).astype(np.float32)
+    b = np.concatenate([b, [0, -1, 0.5, 3, 0.5, -2]]).astype(np.float32)
+    for fn in ("maximum", "minimum", "pow"):
+        out = np.empty_like(a)
+        compile_binary(fn)(a, b, out)
+        with np.errstate(all="ignore"):
+            ref = BINARY[fn].numpy(a, b)
+        np.testing.assert_allclose(out, ref, rtol=1e-6, equal_nan=True, err_msg=fn)
+    ia = np.array([7, -7, 7, -7, 0, -128, 127, -128, 5, -5], dtype=np.int8)
+    ib = np.array([2, 2, -2, -2, 3, -1, -1, 3, 5, 3], dtype=np.int8)
+    for fn in ("div_trunc", "div_floor", "rem", "mod"):
+        out = np.empty_like(ia)
+        compile_binary(fn)(ia, ib, out)
+        with np.errstate(all="ignore"):
+            ref = BINARY[fn].numpy(ia, ib).astype(np.int8)
+        np.testing.assert_array_equal(out, ref, err_msg=fn)
+
+
+def test_public_unary_names_all_have_table_entries():
+    assert set(PUBLIC_UNARY) <= set(UNARY)
+    assert len(PUBLIC_UNARY) == 27
+
+
+# -- numpy-only facade checks -------------------------------------------------------------
+
+
+@pytest.fixture
+def ctx():
+    return F.ExecContext()
+
+
+def _vec(ctx, values, dtype="f32"):
+    v = np.asarray(values, dtype=np.float32)
+    return F.Tensor("d").from_slice(ctx, (v.size,), v).to(dtype) if dtype != "f32" else \
+        F.Tensor("d").from_slice(ctx, (v.size,), v)
+
+
+def test_reference_snippet_unary(ctx):
+    x = F.Tensor("d").from_slice(ctx, (3,), [-1, 0, 1])
+    np.testing.assert_array_equal(x.relu().numpy(), [0, 0, 1])
+    s = x.silu()
+    assert abs(s.numpy()[2] - 0.7310586) < 1e-6
+    np.testing.assert_array_equal(x.unary("silu").numpy(), s.numpy())
+
+
+def test_round_is_half_to_even_and_sign_keeps_nan_and_zero_sign(ctx):
+    x = _vec(ctx, [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 8388609.0, np.nan, np.inf])
+    np.testing.assert_array_equal(x.round().numpy(),
+                                  [0, 2, 2, -0.0, -2, -2, 0, 8388609.0, np.nan, np.inf])
+    assert np.signbit(x.round().numpy()[3])
+    s = _vec(ctx, [3.0, -2.0, 0.0, -0.0, np.nan, -np.inf]).sign().numpy()
+    np.testing.assert_array_equal(s, [1, -1, 0, -0.0, np.nan, -1])
+    assert np.signbit(s[3]) and not np.signbit(s[2])
+
+
+def test_fast_tanh_softcap_gelu_quant_values(ctx):
+    v = np.array([-12.0, -3.0, -0.7, 0.0, 0.2, 1.0, 4.0, 30.0, 1e10], dtype=np.float32)
+    x = _vec(ctx, v)
+    a, b, c, d, e = 2.45550750702956, 0.893229853513558, 0.821226666969744, \
+        2.44506634652299, 0.814642734961073
+    w = v.astype(np.float64)
+    aw = abs(w)
+    ref = w * (a + a * aw + (b + c * aw) * w * w) / (d + (d + w * w) * abs(w + e * w * aw))
+    np.testing.assert_allclose(x.fast_tanh().numpy(), ref, rtol=1e-6)
+    np.testing.assert_allclose(x.softcap30().numpy(), 30 * np.tanh(w / 30), rtol=2e-6)
+    np.testing.assert_allclose(x.softcap15().numpy(), 15 * np.tanh(w / 15), rtol=2e-6)
+    # gelu_quant: f16-rounded input and output, hard clamps at +-10
+    q = x.unary("gelu_quant").numpy()
+    with np.errstate(over="ignore"):
+        xr = v.astype(np.float16).astype(np.float64)
+    g = 0.5 * xr * (1 + np.tanh(0.7978845608028654 * (xr + 0.044715 * xr ** 3)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        g16 = g.astype(np.float16).astype(np.float32)
+    ref_q = np.where(v <= -10, 0, np.where(v >= 10, v, g16))
+    np.testing.assert_allclose(q, ref_q, rtol=1e-3, atol=1e-7)
+    assert q[0] == 0 and q[-2] == 30.0
+
+
+def test_clamp_forms_and_leaky_relu(ctx):
+    x = _vec(ctx, [-3.0, -1.0, 0.0, 1.0, 3.0, np.nan])
+    np.testing.assert_array_equal(x.clamp(-1, 1).numpy(), [-1, -1, 0, 1, 1, np.nan])
+    np.testing.assert_array_equal(x.clamp_min(0).numpy(), [0, 0, 0, 1, 3, np.nan])
+    np.testing.assert_array_equal(x.clamp_max(0).numpy(), [-3, -1, 0, 0, 0, np.nan])
+    np.testing.assert_array_equal(x.clamp(None, 1).numpy(), x.clamp_max(1).numpy())
+    np.testing.assert_allclose(x.leaky_relu(0.2).numpy(), [-0.6, -0.2, 0, 1, 3, np.nan],
+                               rtol=1e-6)
+    np.testing.assert_allclose(x.leaky_relu().numpy()[0], -0.03, rtol=1e-6)
+
+
+def test_unary_errors_and_branch_surfaces(ctx):
+    x = _vec(ctx, [1.0, 2.0])
+    with pytest.raises(F.TagError):
+        x.unary("bogus")
+    with pytest.raises(F.TagError):
+        x.unary("leaky_relu")  # parameterized: not a UnaryOp
+    with pytest.raises(F.InvalidShape):
+        x.clamp(2.0, 1.0)
+    with pytest.raises(F.InvalidShape):
+        x.clamp(float("nan"), 1.0)
+    with pytest.raises(TypeError):
+        x.clamp("a", 1.0)
+    with pytest.raises(TypeError):
+        x.leaky_relu(True)
+    with pytest.raises(TypeError):
+        x.pow_scalar("2")
+    assert abs(x).numpy().tolist() == [1.0, 2.0]
+    for dt in ("i32", "i64", "bool", "f64", "u8"):
+        T = F.Tensor("d", dtype=dt)
+        for name in ("relu", "unary", "exp", "clamp", "dropout", "pow"):
+            assert not hasattr(T, name), (dt, name)
+    H = F.Tensor("d", dtype="f16")
+    for name in ("relu", "unary", "leaky_relu", "clamp", "pow_scalar", "gelu_erf", "round"):
+        assert hasattr(H, name)
+    for name in ("dropout", "pow", "clamp_min", "isnan"):
+        assert not hasattr(H, name)
+
+
+# -- dropout ------------------------------------------------------------------------
+
+
+def test_dropout_mask_is_the_counter_stream(ctx):
+    shape, p, seed = (4, 50), 0.3, 99
+    x = F.Tensor("r", "c").from_slice(ctx, shape, np.ones(shape, np.float32))
+    y = x.dropout(p, seed).numpy()
+    # element i is kept iff the 53-bit uniform of rng.at(seed, i) is below 1 - p
+    u = np.array([(F.rng.at(seed, i) >> 11) * 2.0**-53 for i in range(200)]).reshape(shape)
+    keep = u < 1 - np.float64(np.float32(p))
+    np.testing.assert_array_equal(keep, np_keep_mask(seed, p, shape))
+    scale = np.float32(1) / (np.float32(1) - np.float32(p))
+    np.testing.assert_array_equal(y, np.where(keep, scale, 0).astype(np.float32))
+    np.testing.assert_array_equal(x.dropout(p, seed).numpy(), y)  # same seed, same mask
+    assert not np.array_equal(x.dropout(p, seed + 1).numpy(), y)
+    big = F.Tensor("n").from_slice(ctx, (20000,), np.ones(20000, np.float32))
+    kept = np.count_nonzero(big.dropout(0.25, 5).numpy()) / 20000
+    assert abs(kept - 0.75) < 0.02
+
+
+def test_dropout_index_is_logical_row_major(ctx):
+    v = RNG.standard_normal((3, 5)).astype(np.float32)
+    x = F.Tensor("r", "c").from_slice(ctx, (3, 5), v)
+    direct = F.Tensor("c", "r").from_slice(ctx, (5, 3), np.ascontiguousarray(v.T))
+    # a permuted view drops by its own logical order, like a materialized copy
+    view = x.permute_to(("c", "r"))
+    np.testing.assert_array_equal(view.dropout(0.5, 3).numpy(), direct.dropout(0.5, 3).numpy())
+
+
+def test_dropout_gradient_is_mask_times_scale(ctx):
+    shape, p, seed = (3, 7), 0.4, 2024
+    x = F.Tensor("r", "c").variable_from_slice(ctx, shape, RNG.standard_normal(shape))
+    with ctx.exec_scope():
+        x.dropout(p, seed).sum_all().backward()
+    keep = np_keep_mask(seed, p, shape)
+    scale = np.float32(1) / (np.float32(1) - np.float32(p))
+    np.testing.assert_array_equal(x.grad().numpy(), np.where(keep, scale, 0))
+
+
+def test_dropout_p_zero_and_errors(ctx):
+    x = F.Tensor("d").variable_from_slice(ctx, (3,), [1.0, -2.0, 3.0])
+    y = x.dropout(0.0, 1)
+    np.testing.assert_array_equal(y.numpy(), [1.0, -2.0, 3.0])
+    assert y.requires_grad
+    for bad in (1.0, -0.1, 1.5, float("nan"), 0.99999999999):
+        with pytest.raises(F.InvalidShape):
+            x.dropout(bad, 1)
+    with pytest.raises(TypeError):
+        x.dropout("0.5", 1)
+    with pytest.raises(TypeError):
+        x.dropout(0.5, 1.5)
+    with pytest.raises(TypeError):
+        x.dropout(0.5, True)
+    x.dropout(0.5, -1)  # any integer seed (reduced mod 2**64)
+    x.dropout(0.5, 2**64 + 5)
+
+
+def test_compiled_elementwise_chains_match_eager(ctx):
+    v = (RNG.standard_normal((4, 6)) * 2).astype(np.float32)
+    x = F.Tensor("r", "c").from_slice(ctx, (4, 6), v)
+    fns = [
+        lambda t: t.dropout(0.3, 11),
+        lambda t: t.gelu().dropout(0.5, 3).add_scalar(1.0),
+        lambda t: t.silu().mul(t.sigmoid()).clamp(-0.5, 0.5).leaky_relu(0.1),
+        lambda t: t.abs().pow(t).round().sign(),
+        lambda t: t.unary("softplus").rsqrt().fast_tanh().gelu_erf(),
+    ]
+    for fn in fns:
+        np.testing.assert_allclose(F.compile(fn)(x).numpy(), fn(x).numpy(), rtol=1e-5,
+                                   atol=1e-6, equal_nan=True)
+
+
+def test_compiled_dropout_fused_into_a_reduction(ctx):
+    v = RNG.standard_normal((4, 6)).astype(np.float32)
+    x = F.Tensor("r", "c").from_slice(ctx, (4, 6), v)
+
+    def fn(t):
+        return t.dropout(0.3, 11).sum("c")
+
+    np.testing.assert_allclose(F.compile(fn)(x).numpy(), fn(x).numpy(), rtol=1e-5)
+
+
+# -- f16 / bf16: widen, run the f32 op, narrow once ------------------------------------
+
+
+def _bits(t):
+    return t.data_const().view(np.uint16).copy()
+
+
+_HALF_UNARY = ["relu", "exp", "sqrt", "rsqrt", "sigmoid", "silu", "log", "log1p", "abs", "sin",
+               "cos", "tanh", "fast_tanh", "softcap30", "softcap15", "gelu", "quick_gelu", "elu",
+               "gelu_erf", "floor", "ceil", "round", "sign", "reciprocal"]
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_half_unary_parity_with_f32_cast_op_cast(ctx, dt):
+    v = np.concatenate([RNG.standard_normal(40) * 3, [0.0, -0.0, 2.5, -2.5, 1e-3, np.inf,
+                                                      -np.inf, np.nan, 70000.0]])
+    h = F.Tensor("d").from_slice(ctx, (v.size,), v.astype(np.float32)).to(dt)
+    wide = h.to("f32")
+    for name in _HALF_UNARY:
+        got = getattr(h, name)()
+        assert got.dtype is F.DType(dt), name
+        want = getattr(wide, name)().to(dt)
+        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=name)
+    for op in PUBLIC_UNARY:
+        np.testing.assert_array_equal(_bits(h.unary(op)), _bits(wide.unary(op).to(dt)),
+                                      err_msg=op)
+    cases = [(lambda t: t.leaky_relu(0.3)), (lambda t: t.clamp(-0.7, 1.3)),
+             (lambda t: t.pow_scalar(0.1)), (lambda t: t.pow_scalar(3))]
+    for f in cases:
+        np.testing.assert_array_equal(_bits(f(h)), _bits(f(wide).to(dt)))
+
+
+def test_half_math_is_forward_only(ctx):
+    h = F.Tensor("d", dtype="bf16").variable_from_slice(ctx, (2,), [1.0, 2.0])
+    with pytest.raises(F.UnsupportedGradient):
+        h.relu()
+    with pytest.raises(F.UnsupportedGradient):
+        h.clamp(0, 1)
+    assert h.detach().exp().dtype is F.bf16
+
+
+# -- against torch ------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+
+
+def _check(ctx, data, fu_op, torch_op, *, rtol=1e-5, atol=1e-6, tags=("a", "b")):
+    """Forward values and the input gradient of fu_op vs torch_op on ``data``."""
+    x0 = np.asarray(data, dtype=np.float32)
+    x = F.Tensor(*tags).variable_from_slice(ctx, x0.shape, x0)
+    xt = torch.tensor(x0, requires_grad=True)
+    with ctx.exec_scope():
+        y = fu_op(x)
+        yt = torch_op(xt)
+        y_np = y.numpy()
+        np.testing.assert_allclose(y_np.reshape(yt.shape), yt.detach().numpy(), rtol=rtol,
+                                   atol=atol, equal_nan=True)
+        w = RNG.standard_normal(y_np.shape).astype(np.float32)
+        y.mul(type(y).from_slice(ctx, y_np.shape, w)).sum_all().backward()
+    (yt * torch.tensor(w).reshape(yt.shape)).sum().backward()
+    np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=rtol, atol=atol,
+                               equal_nan=True)
+
+
+ANY = (RNG.standard_normal((3, 5)) * 2.5).astype(np.float32)
+POS = (np.abs(RNG.standard_normal((3, 5))) * 2 + 0.2).astype(np.float32)
+
+_TORCH_UNARY = {
+    "relu": (ANY, torch.relu),
+    "exp": (ANY, torch.exp),
+    "sqrt": (POS, torch.sqrt),
+    "rsqrt": (POS, torch.rsqrt),
+    "sigmoid": (ANY, torch.sigmoid),
+    "silu": (ANY, TF.silu),
+    "log": (POS, torch.log),
+    "log1p": (POS - 0.9, torch.log1p),
+    "abs": (ANY, torch.abs),
+    "sin": (ANY, torch.sin),
+    "cos": (ANY, torch.cos),
+    "tanh": (ANY, torch.tanh),
+    "softcap30": (ANY * 20, lambda t: 30 * torch.tanh(t / 30)),
+    "softcap15": (ANY * 10, lambda t: 15 * torch.tanh(t / 15)),
+    "gelu": (ANY, lambda t: TF.gelu(t, approximate="tanh")),
+    "quick_gelu": (ANY, lambda t: t * torch.sigmoid(1.702 * t)),
+    "elu": (ANY, TF.elu),
+    "gelu_erf": (ANY, TF.gelu),
+    "floor": (ANY, torch.floor),
+    "ceil": (ANY, torch.ceil),
+    "round": (ANY, torch.round),
+    "sign": (ANY, torch.sign),
+    "reciprocal": (POS, torch.reciprocal),
+    "neg": (ANY, torch.neg),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_UNARY))
+def test_unary_forward_and_gradient_vs_torch(ctx, name):
+    data, top = _TORCH_UNARY[name]
+    _check(ctx, data, lambda x: getattr(x, name)(), top)
+
+
+def test_unary_op_enum_forms_vs_torch(ctx):
+    _check(ctx, ANY * 3, lambda x: x.unary("softplus"), TF.softplus)
+    _check(ctx, ANY, lambda x: x.unary("softcap_30"), lambda t: 30 * torch.tanh(t / 30))
+    _check(ctx, ANY, lambda x: x.unary("quick_gelu"), lambda t: t * torch.sigmoid(1.702 * t))
+
+    def fast_tanh(t):
+        a, b, c, d, e = 2.45550750702956, 0.893229853513558, 0.821226666969744, \
+            2.44506634652299, 0.814642734961073
+        at = t.abs()
+        return t * (a + a * at + (b + c * at) * t * t) / (d + (d + t * t) * (t + e * t * at).abs())
+
+    _check(ctx, ANY, lambda x: x.fast_tanh(), fast_tanh)
+    # gelu_quant differentiates like the exact tanh gelu (forward is f16-rounded)
+    x = F.Tensor("d").variable_from_slice(ctx, (5,), [-2.0, -0.5, 0.3, 1.7, 12.0])
+    xt = torch.tensor([-2.0, -0.5, 0.3, 1.7, 12.0], requires_grad=True)
+    with ctx.exec_scope():
+        x.unary("gelu_quant").sum_all().backward()
+    TF.gelu(xt, approximate="tanh").sum().backward()
+    np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_unary_edge_values_vs_torch(ctx):
+    v = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30, 1e-40, -100.0, 100.0],
+                 dtype=np.float32)
+    x = F.Tensor("d").from_slice(ctx, (v.size,), v)
+    t = torch.tensor(v)
+    pairs = {
+        "relu": torch.relu, "exp": torch.exp, "sigmoid": torch.sigmoid, "silu": TF.silu,
+        "tanh": torch.tanh, "gelu": lambda u: TF.gelu(u, approximate="tanh"),
+        "gelu_erf": TF.gelu, "elu": TF.elu, "floor": torch.floor, "ceil": torch.ceil,
+        "round": torch.round, "abs": torch.abs, "reciprocal": torch.reciprocal,
+        "rsqrt": torch.rsqrt, "log1p": torch.log1p, "sqrt": torch.sqrt, "log": torch.log,
+        "softcap30": lambda u: 30 * torch.tanh(u / 30),
+    }
+    for name, top in pairs.items():
+        np.testing.assert_allclose(getattr(x, name)().numpy(), top(t).numpy(), rtol=1e-5,
+                                   atol=1e-30, equal_nan=True, err_msg=name)
+    np.testing.assert_allclose(x.unary("softplus").numpy(), TF.softplus(t).numpy(), rtol=1e-5,
+                               atol=1e-30, equal_nan=True)
+    np.testing.assert_allclose(x.clamp(-1, 1).numpy(), t.clamp(-1, 1).numpy(), equal_nan=True)
+    np.testing.assert_allclose(x.leaky_relu(0.1).numpy(), TF.leaky_relu(t, 0.1).numpy(),
+                               rtol=1e-6, equal_nan=True)
+
+
+def test_parameterized_ops_vs_torch(ctx):
+    data = np.array([[-2.0, -1.0, -0.5, 0.0, 0.5], [1.0, 1.5, 2.0, 3.0, -3.0]], np.float32)
+    _check(ctx, data, lambda x: x.leaky_relu(0.2), lambda t: TF.leaky_relu(t, 0.2))
+    # bounds hit exactly: torch passes the gradient at the bounds (inclusive)
+    _check(ctx, data, lambda x: x.clamp(-1.0, 1.5), lambda t: t.clamp(-1.0, 1.5))
+    _check(ctx, data, lambda x: x.clamp_min(0.5), lambda t: t.clamp_min(0.5))
+    _check(ctx, data, lambda x: x.clamp_max(-0.5), lambda t: t.clamp_max(-0.5))
+
+
+def test_pow_forward_and_both_gradients_vs_torch(ctx):
+    a0 = POS
+    b0 = RNG.standard_normal((5,)).astype(np.float32)
+    a = F.Tensor("r", "c").variable_from_slice(ctx, a0.shape, a0)
+    b = F.Tensor("c").variable_from_slice(ctx, b0.shape, b0)
+    at = torch.tensor(a0, requires_grad=True)
+    bt = torch.tensor(b0, requires_grad=True)
+    with ctx.exec_scope():
+        y = a.pow(b)
+        np.testing.assert_allclose(y.numpy(), (at ** bt).detach().numpy(), rtol=1e-5)
+        y.sum_all().backward()
+    (at ** bt).sum().backward()
+    np.testing.assert_allclose(a.grad().numpy(), at.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(b.grad().numpy(), bt.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_pow_domain_and_zero_conventions(ctx):
+    av = np.array([-2.0, -2.0, 0.0, 0.0, 0.0, 3.0, 0.0], np.float32)
+    bv = np.array([0.5, 2.0, 0.0, 2.0, -1.0, 0.0, 0.5], np.float32)
+    a = F.Tensor("d").variable_from_slice(ctx, (7,), av)
+    b = F.Tensor("d").variable_from_slice(ctx, (7,), bv)
+    at = torch.tensor(av, requires_grad=True)
+    bt = torch.tensor(bv, requires_grad=True)
+    with ctx.exec_scope():
+        y = a.pow(b)
+        np.testing.assert_allclose(y.numpy(), (at ** bt).detach().numpy(), equal_nan=True)
+        assert np.isnan(y.numpy()[0]) and y.numpy()[2] == 1.0
+        y.sum_all().backward()
+    (at ** bt).sum().backward()
+    np.testing.assert_allclose(a.grad().numpy(), at.grad.numpy(), equal_nan=True, rtol=1e-6)
+    np.testing.assert_allclose(b.grad().numpy(), bt.grad.numpy(), equal_nan=True, rtol=1e-6)
+
+
+def test_pow_scalar_named_and_zero_exponent(ctx):
+    _check(ctx, POS, lambda x: x.pow_scalar(2.5), lambda t: t ** 2.5, rtol=1e-4)
+    _check(ctx, ANY, lambda x: x.pow_scalar(3), lambda t: t ** 3, rtol=1e-4, atol=1e-5)
+    data = np.array([[0.0, 1.0, -2.0]], np.float32)
+    _check(ctx, data, lambda x: x.pow_scalar(0), lambda t: t ** 0)
+    _check(ctx, data, lambda x: x ** 0, lambda t: t ** 0)
+    _check(ctx, POS, lambda x: x.pow(1.5), lambda t: t.pow(1.5), rtol=1e-4)
+    with pytest.raises(TypeError):
+        F.Tensor("d").from_slice(ctx, (1,), [1.0]).pow("2")
