@@ -166,16 +166,7 @@ class Compiled:
         raws = tr.program.run([t._node.value for t in tensors])
         outs = [typ._from_node(leaf(r, typ.axis_tags, False), ctx, op_result=True)
                 for typ, r in zip(tr.out_types, raws)]
-
-        def rebuild(s: Any) -> Any:
-            tag, payload = s
-            if tag == "t":
-                return outs[payload]
-            if tag == "v":
-                return payload
-            return tag(rebuild(x) for x in payload)
-
-        return rebuild(tr.structure)
+        return _rebuild(tr.structure, outs)
 
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """Readable text of the optimized program for these arguments."""
@@ -185,6 +176,16 @@ class Compiled:
         """The generated kernels the program runs for these arguments, in order."""
         prog = self._traced(args, kwargs).program
         return [st.kernel for st in prog.steps if st.kind == "kernel"]
+
+
+def _rebuild(s: Any, outs: list[Any]) -> Any:
+    """Put results back into the traced output structure (no closure: no ref cycle)."""
+    tag, payload = s
+    if tag == "t":
+        return outs[payload]
+    if tag == "v":
+        return payload
+    return tag(_rebuild(x, outs) for x in payload)
 
 
 def compile(fn: Callable[..., Any]) -> Compiled:  # noqa: A001 - the public name

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels.codegen import STRIDED
 from ..runtime.raw import RawTensor, contiguous_strides
-from ..runtime.storage import Storage
+from ..runtime.storage import POOL, Storage
 from .fusion import _param, fusable, fusable_reduce
 from .graph import Node
 from .ops import OPS
@@ -48,7 +48,7 @@ class Plan:
 
     def run(self, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> RawTensor:
         """Allocate the result and launch the kernel."""
-        out = np.empty(self.count, dtype=self.np_dtype)
+        out = POOL.take(self.np_dtype, self.count)
         ints = self.ints.copy()
         bufs = []
         for pos, v in zip(self.offset_pos, inputs):
@@ -63,7 +63,7 @@ class Plan:
         else:
             params = []
         self.kernel(out, *bufs, *ints, *self.tail, *params)
-        return RawTensor(Storage(out), self.dtype, self.shape, self.strides, 0)
+        return RawTensor(Storage(out, pooled=True), self.dtype, self.shape, self.strides, 0)
 
 
 _PLANS: dict[Any, Plan | None] = {}

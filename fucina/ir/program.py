@@ -18,7 +18,7 @@ from ..kernels import cache as kcache
 from ..kernels import codegen as cg
 from ..kernels import reference
 from ..runtime.raw import RawTensor
-from ..runtime.storage import Storage
+from ..runtime.storage import POOL, Storage
 from .fusion import BuiltKernel, Fuser, build
 from .graph import Node
 from .ops import OPS
@@ -259,7 +259,7 @@ class Program:
                 storage = args[slot].storage
                 base = args[slot].offset
             else:
-                storage = Storage(buf)
+                storage = Storage(buf, pooled=True)
                 base = 0
             v = o.value
             results.append(RawTensor(storage.retain() if slot < len(args) else storage,
@@ -272,7 +272,7 @@ class Program:
         if buf is None:
             dtype, count = self.slot_meta[slot]
             if slot in self.fresh_slots:
-                buf = np.empty(count, dtype=dtype)
+                buf = POOL.take(dtype, count)
             else:
                 buf = self._scratch.get(slot)
                 if buf is None:

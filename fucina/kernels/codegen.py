@@ -197,7 +197,9 @@ def generate(spec: KernelSpec) -> str:
                                   [f"r{a}" for a in range(nr)], f"b_{name}")
             else:
                 idx = f"b_{name}"
-            w(d, f"v{k} = {_CTOR[st.dtype]}({name}[{idx}])")
+            # Unsigned indices: a signed index makes Numba emit a wraparound select
+            # per access, which stops LLVM from vectorizing (measured: 12x slower).
+            w(d, f"v{k} = {_CTOR[st.dtype]}({name}[np.uint64({idx})])")
         elif st.kind == "ew":
             w(d, f"v{k} = {_CTOR[st.dtype]}({st.expr})")
 
@@ -245,7 +247,7 @@ def generate(spec: KernelSpec) -> str:
     # Stores: kept-level outputs, then one inner loop for full-level outputs.
     for (op, k), name in zip(spec.outputs, names_out):
         if op.level == "kept":
-            w(depth, f"{name}[b_{name}] = v{k}")
+            w(depth, f"{name}[np.uint64(b_{name})] = v{k}")
     full_outs = [(op, k, name) for (op, k), name in zip(spec.outputs, names_out)
                  if op.level == "full"]
     if full_outs:
@@ -257,6 +259,6 @@ def generate(spec: KernelSpec) -> str:
             emit_step(d, f, inner=nr > 0)
         for op, k, name in full_outs:
             idx = _index_expr(name, op.pattern, list(range(nk, nk + nr)), rloops, f"b_{name}")
-            w(d, f"{name}[{idx}] = v{k}")
+            w(d, f"{name}[np.uint64({idx})] = v{k}")
     w(0, "")
     return "\n".join(w.lines) + "\n"
