@@ -186,13 +186,16 @@ def _program(draw):
               for _ in range(n_inputs)]
     ops = []
     for _ in range(draw(st.integers(1, 7))):
-        kind = draw(st.sampled_from(["bin", "bin", "scalar", "reduce", "permute"]))
+        kind = draw(st.sampled_from(["bin", "bin", "scalar", "unary", "reduce", "permute"]))
         if kind == "bin":
             ops.append(("bin", draw(st.sampled_from(["add", "sub", "mul", "maximum",
                                                       "minimum"]))))
         elif kind == "scalar":
             ops.append(("scalar", draw(st.sampled_from(["scale", "add_scalar"])),
                         draw(st.floats(-2, 2, allow_nan=False, width=32))))
+        elif kind == "unary":
+            ops.append(("unary", draw(st.sampled_from(["tanh", "sigmoid", "relu", "abs", "neg",
+                                                        "silu", "gelu", "sin"]))))
         else:
             ops.append((kind,))
     return inputs, ops, draw(st.integers(0, 10**6))
@@ -207,11 +210,13 @@ def _run_program(xs, ops, seed):
             vals.append(getattr(a, op[1])(b))
         elif op[0] == "scalar":
             vals.append(getattr(vals[-1], op[1])(op[2]))
+        elif op[0] == "unary":
+            vals.append(getattr(vals[-1], op[1])())
         elif op[0] == "reduce":
             v = vals[-1]
             if v.tag_count:
                 t = v.axis_tags[rng.integers(v.tag_count)]
-                vals.append(v.sum(t) if rng.integers(2) else v.mean(t))
+                vals.append([v.sum, v.mean, v.max, v.min][rng.integers(4)](t))
         else:
             v = vals[-1]
             perm = tuple(rng.permutation(list(v.axis_tags)))

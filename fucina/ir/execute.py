@@ -17,7 +17,7 @@ from ..dtypes import DType
 from ..kernels import reference
 from ..runtime.gradmode import is_grad_enabled
 from ..runtime.raw import RawTensor
-from ..runtime.storage import Storage
+from ..runtime.storage import POOL, Storage
 from . import eager
 from .graph import Node
 from .ops import OPS
@@ -75,8 +75,14 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
         if tracer is not None or any(v.is_symbolic for v in ins):
             value = RawTensor.symbolic(dtype, shape)
         else:
-            res = reference.run(op, attrs, [v.array() for v in ins], [v.dtype for v in ins], dtype)
+            buf = None
+            if op == "contract":  # GEMM results land in a pooled buffer, written in place
+                buf = POOL.take(dtype.storage, int(np.prod(shape)))
+            res = reference.run(op, attrs, [v.array() for v in ins], [v.dtype for v in ins],
+                                dtype, buf=buf)
             value = wrap_array(dtype, res, shape)
+            if buf is not None and res.base is buf or res is buf:
+                value.storage.pooled = True
     # Eager no-grad results drop their inputs: nothing will walk back through them.
     node = Node(op, inputs if (rg or tracer is not None) else (), attrs, value, tags, rg)
     if tracer is not None:

@@ -291,9 +291,18 @@ class Program:
         for v in n.inputs:
             buf = bufs[self.slot[id(v.value.storage)]]
             arrays.append(_view(buf, v.value))
-        res = reference.run(n.op, n.attrs, arrays, [v.dtype for v in n.inputs], n.dtype)
-        out = self._buffer(bufs, n)
-        out[...] = np.ascontiguousarray(res, dtype=out.dtype).reshape(-1)
+        target = self._buffer(bufs, n) if n.op == "contract" else None
+        res = reference.run(n.op, n.attrs, arrays, [v.dtype for v in n.inputs], n.dtype,
+                            buf=target)
+        if target is not None and np.shares_memory(res, target):
+            return
+        slot = self.slot[id(n.value.storage)]
+        dtype, count = self.slot_meta[slot]
+        res = np.asarray(res)
+        if res.dtype == dtype and res.size == count and res.flags.c_contiguous:
+            bufs[slot] = res.reshape(-1)  # adopt the result: no copy into a planned buffer
+        else:
+            self._buffer(bufs, n)[...] = np.ascontiguousarray(res, dtype=dtype).reshape(-1)
 
 
 def _view(buf: np.ndarray, v: RawTensor) -> np.ndarray:

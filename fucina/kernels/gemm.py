@@ -134,8 +134,13 @@ def _matrix_view(x: np.ndarray, labels: tuple[int, ...], batch: tuple[int, ...],
 
 
 def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, ...],
-             lo: tuple[int, ...], acc: np.dtype) -> np.ndarray:
-    """Contract labelled operands (already in the accumulation dtype ``acc``) into ``lo``."""
+             lo: tuple[int, ...], acc: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """Contract labelled operands into ``lo`` order, accumulating in ``acc``.
+
+    ``out``, when given, is a flat contiguous buffer of the result's size and
+    dtype ``acc``; the GEMM writes into it directly when no output permutation
+    is needed.
+    """
     a = np.asarray(a, dtype=acc)
     b = np.asarray(b, dtype=acc)
     if not la:
@@ -147,9 +152,13 @@ def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, .
              b.shape, tuple(s // b.itemsize for s in b.strides), lb, lo)
     A = _matrix_view(a, la, p.batch, p.m, p.k, p.a, p.msize, p.ksize)
     B = _matrix_view(b, lb, p.batch, p.k, p.n, p.b, p.ksize, p.nsize)
-    C = np.matmul(A, B)
     sizes = dict(zip(la, a.shape)) | dict(zip(lb, b.shape))
     canon = p.batch + p.m + p.n
+    if out is not None and p.out_perm is None and out.dtype == acc:
+        stack = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (p.msize, p.nsize)
+        np.matmul(A, B, out=out.reshape(stack))
+        return out.reshape(tuple(sizes[x] for x in canon) or (1,))
+    C = np.matmul(A, B)
     C = C.reshape(tuple(sizes[x] for x in canon) or ())
     if p.out_perm is not None:
         C = C.transpose(p.out_perm)
