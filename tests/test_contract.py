@@ -63,9 +63,14 @@ def test_batch_axes_collapse_and_attention_layout():
     k = rng.standard_normal((2, 3, 6, 4)).astype(np.float32)   # b h k d
     p = _plan(q, (0, 1, 2, 3), k, (0, 1, 4, 3), (0, 1, 2, 4))
     assert p.orientation == "trans_b" and p.copies == ()
-    assert p.batch_sizes == (2, 3)
+    assert p.batch_sizes == (6,)  # b and h fold into one batched-GEMM axis, zero-copy
     got = gemm.contract(q, k, (0, 1, 2, 3), (0, 1, 4, 3), (0, 1, 2, 4), np.float32)
     np.testing.assert_allclose(got, np.einsum("bhqd,bhkd->bhqk", q, k), rtol=1e-5, atol=1e-5)
+    kh = np.swapaxes(np.ascontiguousarray(np.swapaxes(k, 0, 1)), 0, 1)  # h outer in memory
+    p2 = _plan(q, (0, 1, 2, 3), kh, (0, 1, 4, 3), (0, 1, 2, 4))
+    assert p2.batch_sizes == (2, 3) and p2.copies == ()  # cannot fold: stays a 2-axis stack
+    got = gemm.contract(q, kh, (0, 1, 2, 3), (0, 1, 4, 3), (0, 1, 2, 4), np.float32)
+    np.testing.assert_allclose(got, np.einsum("bhqd,bhkd->bhqk", q, kh), rtol=1e-5, atol=1e-5)
 
 
 def test_every_stride_orientation_of_a_batched_contraction():

@@ -43,16 +43,6 @@ def format_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> list
     return lines
 
 
-def _gemm_note(n: Node) -> str:
-    from ..kernels.gemm import plan
-
-    a, b = n.inputs
-    la, lb, lo = n.attrs["labels"]
-    p = plan(a.value.shape if la else (), a.value.strides if la else (), tuple(la),
-             b.value.shape if lb else (), b.value.strides if lb else (), tuple(lb), tuple(lo))
-    return p.describe()
-
-
 def format_program(prog: Any) -> str:
     """The optimized program: inputs, views, each kernel with the ops it covers, other ops."""
     names: dict[int, str] = {}
@@ -81,7 +71,7 @@ def format_program(prog: Any) -> str:
                 out.append("    " + line + ("   -> stored" if id(n) in stored else ""))
         else:
             n = st.node
-            note = _gemm_note(n) if n.op == "contract" else "reference kernel"
+            note = st.gemm.describe() if st.gemm is not None else "reference kernel"
             out.append("  " + format_nodes([n], names)[0] + f"   ({note})")
     out.append("  return " + ", ".join(names.get(id(o), "?") for o in prog.outputs))
     return "\n".join(out)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..kernels import cache as kcache
 from ..kernels import codegen as cg
-from ..kernels import reference
+from ..kernels import gemm, reference
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, Storage
 from .fusion import BuiltKernel, Fuser, build
@@ -93,6 +93,7 @@ class Step:
     node: Node | None = None       # ref: the op
     built: BuiltKernel | None = None
     kernel: kcache.Kernel | None = None
+    gemm: Any = None               # contract: the GEMM plan decided from traced layouts
 
 
 class Program:
@@ -173,7 +174,7 @@ class Program:
         for u in order:
             unit = units[u]
             if isinstance(unit, Node):
-                steps.append(Step("ref", node=unit))
+                steps.append(Step("ref", node=unit, gemm=gemm_plan(unit)))
                 continue
             built = build(unit, fuser, needed, PARALLEL_MIN)
             if built.outputs:  # a kernel nothing observes is dead
@@ -249,7 +250,7 @@ class Program:
             if st.kind == "kernel":
                 self._launch(st, bufs)
             else:
-                self._ref(st.node, bufs)
+                self._ref(st.node, bufs, st.gemm)
         results = []
         for o in self.outputs:
             sid = id(o.value.storage)
@@ -286,14 +287,14 @@ class Program:
         ins = [bufs[self.slot[id(v.value.storage)]] for v in b.inputs]
         st.kernel(*outs, *ins, *b.int_args, *b.loop_sizes, *b.params)
 
-    def _ref(self, n: Node, bufs: list[Any]) -> None:
+    def _ref(self, n: Node, bufs: list[Any], decided: Any = None) -> None:
         arrays = []
         for v in n.inputs:
             buf = bufs[self.slot[id(v.value.storage)]]
             arrays.append(_view(buf, v.value))
         target = self._buffer(bufs, n) if n.op == "contract" else None
         res = reference.run(n.op, n.attrs, arrays, [v.dtype for v in n.inputs], n.dtype,
-                            buf=target)
+                            buf=target, decided=decided)
         if target is not None and np.shares_memory(res, target):
             return
         slot = self.slot[id(n.value.storage)]
@@ -303,6 +304,16 @@ class Program:
             bufs[slot] = res.reshape(-1)  # adopt the result: no copy into a planned buffer
         else:
             self._buffer(bufs, n)[...] = np.ascontiguousarray(res, dtype=dtype).reshape(-1)
+
+
+def gemm_plan(n: Node) -> Any:
+    """The GEMM plan of a contract node, decided from its traced layouts (else None)."""
+    if n.op != "contract" or any(i.dtype is not n.dtype for i in n.inputs):
+        return None
+    a, b = n.inputs
+    la, lb, lo = (tuple(x) for x in n.attrs["labels"])
+    return gemm.plan(a.value.shape if la else (), a.value.strides if la else (), la,
+                     b.value.shape if lb else (), b.value.strides if lb else (), lb, lo)
 
 
 def _view(buf: np.ndarray, v: RawTensor) -> np.ndarray:

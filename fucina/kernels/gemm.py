@@ -115,7 +115,26 @@ def plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], la: tuple[int, ..
     b_side = _side(b_shape, b_strides, lb, batch, k, n)
     canon = batch + m + n
     perm = tuple(canon.index(x) for x in lo)
-    return GemmPlan(batch, m, n, k, tuple(sizes[x] for x in batch),
+    bsizes = tuple(sizes[x] for x in batch)
+    if len(batch) > 1:
+        # Batch axes fold into one batched-GEMM axis when both operands lay them out
+        # as one (a copied operand is contiguous, so it always can).
+        def folds(side: Side) -> bool:
+            if side.orient == "copy":
+                return True
+            st = side.strides[:len(batch)]
+            live = [(d, t) for d, t in zip(bsizes, st) if d != 1]
+            return all(t0 == d1 * t1 for (_, t0), (d1, t1) in zip(live, live[1:]))
+
+        if folds(a_side) and folds(b_side):
+            def fold(side: Side) -> Side:
+                st = side.strides[:len(batch)]
+                live = [t for d, t in zip(bsizes, st) if d != 1]
+                return Side(side.orient, ((live[-1] if live else 0),) + side.strides[len(batch):])
+
+            a_side, b_side = fold(a_side), fold(b_side)
+            bsizes = (math.prod(bsizes),)
+    return GemmPlan(batch, m, n, k, bsizes,
                     math.prod(sizes[x] for x in m), math.prod(sizes[x] for x in n),
                     math.prod(sizes[x] for x in k), a_side, b_side,
                     None if perm == tuple(range(len(perm))) else perm)
@@ -123,8 +142,8 @@ def plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], la: tuple[int, ..
 
 def _matrix_view(x: np.ndarray, labels: tuple[int, ...], batch: tuple[int, ...],
                  rows: tuple[int, ...], cols: tuple[int, ...], side: Side,
-                 nrows: int, ncols: int) -> np.ndarray:
-    shape = tuple(x.shape[labels.index(lbl)] for lbl in batch) + (nrows, ncols)
+                 bsizes: tuple[int, ...], nrows: int, ncols: int) -> np.ndarray:
+    shape = bsizes + (nrows, ncols)
     if side.orient == "copy":
         order = [labels.index(lbl) for lbl in batch + rows + cols]
         return np.ascontiguousarray(x.transpose(order)).reshape(shape)
@@ -134,12 +153,13 @@ def _matrix_view(x: np.ndarray, labels: tuple[int, ...], batch: tuple[int, ...],
 
 
 def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, ...],
-             lo: tuple[int, ...], acc: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+             lo: tuple[int, ...], acc: np.dtype, out: np.ndarray | None = None,
+             decided: GemmPlan | None = None) -> np.ndarray:
     """Contract labelled operands into ``lo`` order, accumulating in ``acc``.
 
     ``out``, when given, is a flat contiguous buffer of the result's size and
     dtype ``acc``; the GEMM writes into it directly when no output permutation
-    is needed.
+    is needed. ``decided`` is a plan made earlier (at trace time) for these layouts.
     """
     a = np.asarray(a, dtype=acc)
     b = np.asarray(b, dtype=acc)
@@ -148,15 +168,14 @@ def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, .
     if not lb:
         b = b.reshape(())
     item = a.itemsize
-    p = plan(a.shape, tuple(s // item for s in a.strides), la,
-             b.shape, tuple(s // b.itemsize for s in b.strides), lb, lo)
-    A = _matrix_view(a, la, p.batch, p.m, p.k, p.a, p.msize, p.ksize)
-    B = _matrix_view(b, lb, p.batch, p.k, p.n, p.b, p.ksize, p.nsize)
+    p = decided or plan(a.shape, tuple(s // item for s in a.strides), la,
+                        b.shape, tuple(s // b.itemsize for s in b.strides), lb, lo)
+    A = _matrix_view(a, la, p.batch, p.m, p.k, p.a, p.batch_sizes, p.msize, p.ksize)
+    B = _matrix_view(b, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
     sizes = dict(zip(la, a.shape)) | dict(zip(lb, b.shape))
     canon = p.batch + p.m + p.n
     if out is not None and p.out_perm is None and out.dtype == acc:
-        stack = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (p.msize, p.nsize)
-        np.matmul(A, B, out=out.reshape(stack))
+        np.matmul(A, B, out=out.reshape(p.batch_sizes + (p.msize, p.nsize)))
         return out.reshape(tuple(sizes[x] for x in canon) or (1,))
     C = np.matmul(A, B)
     C = C.reshape(tuple(sizes[x] for x in canon) or ())

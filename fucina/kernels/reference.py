@@ -301,17 +301,18 @@ _BF16_MATH = frozenset({"binary", "unary", "scalar", "reduce", "contract", "comp
 
 
 def run(op: str, attrs: dict[str, Any], ins: list[np.ndarray], in_dtypes: list[DType],
-        out: DType, buf: np.ndarray | None = None) -> np.ndarray:
+        out: DType, buf: np.ndarray | None = None, decided: Any = None) -> np.ndarray:
     """Run primitive ``op`` and return a result in ``out``'s storage dtype.
 
     ``buf`` (a flat buffer of the result's size) lets a GEMM write its f32/f64
-    result in place instead of allocating.
+    result in place instead of allocating; ``decided`` is a GEMM plan made at
+    trace time.
     """
     if buf is not None and op == "contract" and out in (DType.f32, DType.f64) \
             and all(dt is out for dt in in_dtypes):
         la, lb, lo = attrs["labels"]
         return gemm.contract(ins[0], ins[1], tuple(la), tuple(lb), tuple(lo), out.storage,
-                             out=buf)
+                             out=buf, decided=decided)
     if op in _BF16_MATH:
         ins = [bf16_to_f32(a) if dt is DType.bf16 else a for a, dt in zip(ins, in_dtypes)]
     res = KERNELS[op](attrs, ins, out)
