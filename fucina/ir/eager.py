@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels.codegen import STRIDED
 from ..runtime.raw import RawTensor, contiguous_strides
-from ..runtime.storage import POOL, Storage
+from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
 from .fusion import _param, fusable, fusable_reduce
 from .graph import Node
 from .ops import OPS
@@ -23,13 +23,14 @@ from .ops import OPS
 class Plan:
     """A ready-to-launch kernel for one eager op signature."""
 
-    __slots__ = ("kernel", "dtype", "shape", "strides", "count", "np_dtype", "ints",
-                 "offset_pos", "tail", "node")
+    __slots__ = ("kernel", "fn", "dtype", "shape", "strides", "count", "np_dtype", "ints",
+                 "offset_pos", "tail", "node", "small", "param_kind")
 
     def __init__(self, program: Any, node: Node):
         step = program.steps[0]
         b = step.built
         self.kernel = step.kernel
+        self.fn = None  # the bare dispatcher, once the first call has been accounted
         self.node = node
         v = node.value
         self.dtype = v.dtype
@@ -45,25 +46,40 @@ class Plan:
             self.offset_pos.append(pos)
             pos += 1 + op.pattern.count(STRIDED)
         self.tail = list(b.loop_sizes)
+        self.small = self.count * self.np_dtype.itemsize < POOL_MIN_BYTES
+        if node.op == "scalar" or (node.op == "compare" and len(node.inputs) == 1):
+            self.param_kind = 1
+        elif node.op == "unary":
+            self.param_kind = 2
+        else:
+            self.param_kind = 0
 
     def run(self, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> RawTensor:
         """Allocate the result and launch the kernel."""
-        out = POOL.take(self.np_dtype, self.count)
+        small = self.small
+        out = np.empty(self.count, self.np_dtype) if small else POOL.take(self.np_dtype,
+                                                                          self.count)
         ints = self.ints.copy()
-        bufs = []
+        args = [out]
         for pos, v in zip(self.offset_pos, inputs):
             raw = v.value
             ints[pos] = raw.offset
-            bufs.append(raw.storage.buf)
-        node = self.node
-        if node.op == "scalar" or (node.op == "compare" and len(inputs) == 1):
-            params = [_param(node, attrs["value"])]
-        elif node.op == "unary":
-            params = list(attrs.get("params", ()))
+            args.append(raw.storage.buf)
+        args += ints
+        args += self.tail
+        kind = self.param_kind
+        if kind == 1:
+            args.append(_param(self.node, attrs["value"]))
+        elif kind == 2:
+            args += attrs.get("params", ())
+        fn = self.fn
+        if fn is None:
+            self.kernel(*args)  # first call: counts a compile or a disk hit
+            self.fn = self.kernel.fn
         else:
-            params = []
-        self.kernel(out, *bufs, *ints, *self.tail, *params)
-        return RawTensor(Storage(out, pooled=True), self.dtype, self.shape, self.strides, 0)
+            fn(*args)
+        return RawTensor(Storage(out) if small else PooledStorage(out), self.dtype, self.shape,
+                         self.strides, 0)
 
 
 _PLANS: dict[Any, Plan | None] = {}

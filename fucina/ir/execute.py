@@ -17,7 +17,7 @@ from ..dtypes import DType
 from ..kernels import reference
 from ..runtime.gradmode import is_grad_enabled
 from ..runtime.raw import RawTensor
-from ..runtime.storage import POOL, Storage
+from ..runtime.storage import POOL, storage_for
 from . import eager
 from .graph import Node
 from .ops import OPS
@@ -45,11 +45,12 @@ def set_tracer(tracer: Tracer | None) -> Tracer | None:
     return prev
 
 
-def wrap_array(dtype: DType, arr: np.ndarray, shape: tuple[int, ...]) -> RawTensor:
+def wrap_array(dtype: DType, arr: np.ndarray, shape: tuple[int, ...],
+               pooled: bool = False) -> RawTensor:
     """Adopt a freshly computed array as a contiguous raw tensor of logical ``shape``."""
     flat = np.ascontiguousarray(arr, dtype=dtype.storage).reshape(-1)
     out = RawTensor.symbolic(dtype, shape)
-    out.storage = Storage(flat)
+    out.storage = storage_for(flat, pooled)
     return out
 
 
@@ -80,9 +81,8 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
                 buf = POOL.take(dtype.storage, int(np.prod(shape)))
             res = reference.run(op, attrs, [v.array() for v in ins], [v.dtype for v in ins],
                                 dtype, buf=buf)
-            value = wrap_array(dtype, res, shape)
-            if buf is not None and res.base is buf or res is buf:
-                value.storage.pooled = True
+            pooled = buf is not None and (res.base is buf or res is buf)
+            value = wrap_array(dtype, res, shape, pooled=pooled)
     # Eager no-grad results drop their inputs: nothing will walk back through them.
     node = Node(op, inputs if (rg or tracer is not None) else (), attrs, value, tags, rg)
     if tracer is not None:

@@ -18,7 +18,7 @@ from ..kernels import cache as kcache
 from ..kernels import codegen as cg
 from ..kernels import gemm, reference
 from ..runtime.raw import RawTensor
-from ..runtime.storage import POOL, Storage
+from ..runtime.storage import POOL, storage_for
 from .fusion import BuiltKernel, Fuser, build
 from .graph import Node
 from .ops import OPS
@@ -260,7 +260,7 @@ class Program:
                 storage = args[slot].storage
                 base = args[slot].offset
             else:
-                storage = Storage(buf, pooled=True)
+                storage = storage_for(buf, True)
                 base = 0
             v = o.value
             results.append(RawTensor(storage.retain() if slot < len(args) else storage,

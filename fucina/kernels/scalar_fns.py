@@ -58,6 +58,7 @@ _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _FHALF = np.float32(0.5)
 _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+_F2 = np.float32(2.0)
 _GELU_C = np.float32(0.044715)
 _GELU_3C = np.float32(3.0 * 0.044715)
 _INV_SQRT2 = np.float32(0.7071067811865476)
@@ -305,7 +306,11 @@ def gelu(x):  # noqa: ANN001, ANN201
     """
     if abs(x) > _BIG:
         return x if x > _F0 else x * _F0
-    return _gelu(x)
+    # x sigmoid(2u) in f32, branch-free so kernels vectorize whatever the data: for
+    # very negative x, exp(-2u) overflows to inf and the quotient is -0 (torch's value).
+    # Relative error grows like |2u| ulp in the far tail, where results are < 1e-30.
+    u2 = _F2 * _SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)
+    return x / (_F1 + _exp(-u2))
 
 
 @njit(**_INLINE)

@@ -64,15 +64,13 @@ class Storage:
     unless something else (a numpy view handed to the user) still holds it.
     """
 
-    __slots__ = ("buf", "refs", "readonly", "borrowed", "pooled")
+    __slots__ = ("buf", "refs", "readonly", "borrowed")
 
-    def __init__(self, buf: np.ndarray | None, *, readonly: bool = False, borrowed: bool = False,
-                 pooled: bool = False):
+    def __init__(self, buf: np.ndarray | None, *, readonly: bool = False, borrowed: bool = False):
         self.buf = buf
         self.refs = 1
         self.readonly = readonly
         self.borrowed = borrowed
-        self.pooled = pooled
 
     def retain(self) -> Storage:
         """Add one owner."""
@@ -84,8 +82,22 @@ class Storage:
         if self.refs > 0:
             self.refs -= 1
 
+
+
+def storage_for(buf: np.ndarray, pooled: bool) -> Storage:
+    """Storage for a fresh result; large pooled buffers get the recycling finalizer."""
+    if pooled and buf.nbytes >= POOL_MIN_BYTES:
+        return PooledStorage(buf)
+    return Storage(buf)
+
+
+class PooledStorage(Storage):
+    """Storage whose large buffer returns to the pool when the storage is collected."""
+
+    __slots__ = ()
+
     def __del__(self) -> None:
         buf = self.buf
         # getrefcount sees this slot, its argument and the local: 3 means nobody else.
-        if self.pooled and buf is not None and sys.getrefcount(buf) <= 3:
+        if buf is not None and sys.getrefcount(buf) <= 3:
             POOL.give(buf)
