@@ -7,9 +7,10 @@ and layout but no data; tag errors surface then, at the user's line, and
 The traced IR becomes a :class:`~fucina.ir.program.Program` (fused kernels,
 views folded, intermediates reusing buffers), cached per signature.
 
-Compiled programs compute values without recording gradients: when gradients
-are being recorded for an argument that requires grad, the call runs ``fn``
-eagerly instead, so autograd sees every op.
+A function that calls ``backward()`` compiles forward and backward into one
+program; its gradients reach the variables (and eager graphs) they belong to
+when the program runs. A function whose results still require grad (the
+caller will differentiate them) runs eagerly, so the graph exists.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import TagError
+from .ir import autodiff
 from .ir.execute import set_tracer
 from .ir.graph import Node, leaf
 from .ir.printer import format_program
@@ -43,18 +45,26 @@ def _is_tensor_type(t: Any) -> bool:
 class _Recorder:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
+        self.grads: list[tuple[Node, Node]] = []
 
     def record(self, node: Node) -> None:
         self.nodes.append(node)
 
+    def gradient(self, leaf: Node, grad: Node) -> None:
+        self.grads.append((leaf, grad))
+
 
 class _Traced:
-    """One signature's program and how to rebuild its outputs."""
+    """One signature's program, how to rebuild its outputs, where gradients go."""
 
-    def __init__(self, program: Program, structure: Any, out_types: list[type]):
+    def __init__(self, program: Program | None, structure: Any, out_types: list[type],
+                 grad_targets: list[Any], eager_only: bool = False):
         self.program = program
         self.structure = structure
         self.out_types = out_types
+        # Per gradient output: an argument index (its placeholder) or a leaf node.
+        self.grad_targets = grad_targets
+        self.eager_only = eager_only
 
 
 class Compiled:
@@ -73,7 +83,7 @@ class Compiled:
         for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
             if _is_tensor(a):
                 raw = a._node.value
-                parts.append((type(a), raw.shape, raw.strides))
+                parts.append((type(a), raw.shape, raw.strides, a._node.requires_grad))
             else:
                 try:
                     hash(a)
@@ -82,7 +92,7 @@ class Compiled:
                         f"compiled functions take tensors and hashable static values; got "
                         f"{type(a).__name__}") from None
                 parts.append(("static", a))
-        return (tuple(parts), tuple(sorted(kwargs)))
+        return (tuple(parts), tuple(sorted(kwargs)), is_grad_enabled())
 
     def _annotations(self) -> dict[str, Any]:
         if self._hints is None:
@@ -120,7 +130,8 @@ class Compiled:
                 return a
             raw = a._node.value
             sym = RawTensor(Storage(None), raw.dtype, raw.shape, raw.strides, 0)
-            node = Node("input", (), {"index": len(inputs)}, sym, a.axis_tags, False)
+            rg = a._node.requires_grad and is_grad_enabled()
+            node = Node("input", (), {"index": len(inputs)}, sym, a.axis_tags, rg)
             inputs.append(node)
             return type(a)._from_node(node, a._ctx)
 
@@ -129,8 +140,7 @@ class Compiled:
         rec = _Recorder()
         prev = set_tracer(rec)
         try:
-            with no_grad():
-                out = self.fn(*sargs, **skw)
+            out = self.fn(*sargs, **skw)
         finally:
             set_tracer(prev)
         self._check_return(out)
@@ -145,8 +155,15 @@ class Compiled:
             return ("v", o)
 
         structure = flatten(out)
-        program = Program(inputs, [t._node for t in flat])
-        return _Traced(program, structure, [type(t) for t in flat])
+        out_types = [type(t) for t in flat]
+        if not rec.grads and any(t._node.requires_grad for t in flat):
+            # A result still in a graph: the caller will differentiate it, so the
+            # eager graph must exist. Run this signature eagerly.
+            return _Traced(None, structure, out_types, [], eager_only=True)
+        by_id = {id(n): k for k, n in enumerate(inputs)}
+        targets = [by_id.get(id(leaf_), leaf_) for leaf_, _ in rec.grads]
+        program = Program(inputs, [t._node for t in flat] + [g for _, g in rec.grads])
+        return _Traced(program, structure, out_types, targets)
 
     def _traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Traced:
         key = self._signature(args, kwargs)
@@ -159,13 +176,16 @@ class Compiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tensors = [a for a in list(args) + list(kwargs.values()) if _is_tensor(a)]
-        if is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return self.fn(*args, **kwargs)  # autograd needs the eager graph
         tr = self._traced(args, kwargs)
+        if tr.eager_only:
+            return self.fn(*args, **kwargs)
         ctx = tensors[0]._ctx if tensors else ExecContext()
         raws = tr.program.run([t._node.value for t in tensors])
+        nout = len(tr.out_types)
         outs = [typ._from_node(leaf(r, typ.axis_tags, False), ctx, op_result=True)
                 for typ, r in zip(tr.out_types, raws)]
+        for target, g in zip(tr.grad_targets, raws[nout:]):
+            _deliver(tensors[target]._node if isinstance(target, int) else target, g)
         return _rebuild(tr.structure, outs)
 
     def ir(self, *args: Any, **kwargs: Any) -> str:
@@ -176,6 +196,16 @@ class Compiled:
         """The generated kernels the program runs for these arguments, in order."""
         prog = self._traced(args, kwargs).program
         return [st.kernel for st in prog.steps if st.kind == "kernel"]
+
+
+def _deliver(node: Node, grad: RawTensor) -> None:
+    """Hand a gradient the compiled backward produced to its real destination."""
+    seed = leaf(grad, None, False)
+    with no_grad():
+        if node.op == "variable":
+            autodiff.accumulate(node, seed)
+        else:  # an argument computed in an eager graph: continue backward into it
+            autodiff.backward(node, seed)
 
 
 def _rebuild(s: Any, outs: list[Any]) -> Any:

@@ -474,10 +474,19 @@ def _topo(root: Node) -> list[Node]:
 
 
 def accumulate(leaf: Node, g: Node) -> None:
-    """Add ``g`` into the leaf's gradient, always into a fresh buffer."""
+    """Add ``g`` into the leaf's gradient, always into a fresh buffer.
+
+    While a function is being traced, the gradient is a program value: the
+    tracer records it, and the compiled program accumulates it when it runs.
+    """
     from ..runtime.raw import RawTensor
+    from .execute import current_tracer
 
     g = _f32(g)
+    tracer = current_tracer()
+    if tracer is not None:
+        tracer.gradient(leaf, g)
+        return
     fresh = g.value.contiguous_copy() if leaf.grad is None else None
     if fresh is None:
         prev = Node("const", (), {}, leaf.grad, None, False)
@@ -497,7 +506,7 @@ def backward(root: Node, seed: Node) -> None:
             g = grads.pop(id(node), None)
             if g is None:
                 continue
-            if node.op == "variable":
+            if node.op in ("variable", "input"):  # input: a traced argument's placeholder
                 accumulate(node, g)
                 continue
             if node.is_leaf:

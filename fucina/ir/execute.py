@@ -29,6 +29,9 @@ class Tracer(Protocol):
     def record(self, node: Node) -> None:
         """Append ``node`` to the program being traced."""
 
+    def gradient(self, leaf: Node, grad: Node) -> None:
+        """A backward pass inside the trace produced ``grad`` for ``leaf``."""
+
 
 _local = threading.local()
 
