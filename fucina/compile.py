@@ -62,7 +62,7 @@ class _Traced:
         self.program = program
         self.structure = structure
         self.out_types = out_types
-        # Per gradient output: an argument index (its placeholder) or a leaf node.
+        # Per gradient output: an argument index (its symbolic input) or a leaf node.
         self.grad_targets = grad_targets
         self.eager_only = eager_only
 
@@ -125,7 +125,7 @@ class Compiled:
         self._check_params(args, kwargs)
         inputs: list[Node] = []
 
-        def placeholder(a: Any) -> Any:
+        def symbolic(a: Any) -> Any:
             if not _is_tensor(a):
                 return a
             raw = a._node.value
@@ -135,8 +135,8 @@ class Compiled:
             inputs.append(node)
             return type(a)._from_node(node, a._ctx)
 
-        sargs = tuple(placeholder(a) for a in args)
-        skw = {k: placeholder(v) for k, v in kwargs.items()}
+        sargs = tuple(symbolic(a) for a in args)
+        skw = {k: symbolic(v) for k, v in kwargs.items()}
         rec = _Recorder()
         prev = set_tracer(rec)
         try:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from ..dtypes import DType
 from ..runtime.gradmode import no_grad
 from .execute import emit
-from .graph import Node
+from .graph import Node, topo_order
 
 Grads = tuple[Node | None, ...]
 Rule = Callable[[Node, Node], Grads]
@@ -454,25 +454,6 @@ def narrow_view(x: Node, axis: int, start: int, length: int) -> Node:
 # -- the reverse walk --------------------------------------------------------------
 
 
-def _topo(root: Node) -> list[Node]:
-    order: list[Node] = []
-    seen: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        for inp in node.inputs:
-            if inp.requires_grad and id(inp) not in seen:
-                stack.append((inp, False))
-    return order
-
-
 def accumulate(leaf: Node, g: Node) -> None:
     """Add ``g`` into the leaf's gradient, always into a fresh buffer.
 
@@ -499,14 +480,14 @@ def accumulate(leaf: Node, g: Node) -> None:
 
 def backward(root: Node, seed: Node) -> None:
     """Propagate ``seed`` (d loss / d root) to every variable leaf below ``root``."""
-    order = _topo(root)
+    order = topo_order([root], grad_only=True)
     grads: dict[int, Node] = {id(root): seed}
     with no_grad():
         for node in reversed(order):
             g = grads.pop(id(node), None)
             if g is None:
                 continue
-            if node.op in ("variable", "input"):  # input: a traced argument's placeholder
+            if node.op in ("variable", "input"):  # input: a traced argument
                 accumulate(node, g)
                 continue
             if node.is_leaf:

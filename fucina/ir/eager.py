@@ -110,16 +110,16 @@ def lookup(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> Plan | N
 def _build(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> Plan | None:
     from .program import Program
 
-    placeholders = []
+    sym_inputs = []
     for k, v in enumerate(inputs):
         raw = v.value
         sym = RawTensor(Storage(None), raw.dtype, raw.shape, raw.strides, 0)
-        placeholders.append(Node("input", (), {"index": k}, sym, None, False))
-    shape, dtype = OPS[op].infer([p.value for p in placeholders], attrs)
-    node = Node(op, tuple(placeholders), attrs, RawTensor.symbolic(dtype, shape), None, False)
+        sym_inputs.append(Node("input", (), {"index": k}, sym, None, False))
+    shape, dtype = OPS[op].infer([p.value for p in sym_inputs], attrs)
+    node = Node(op, tuple(sym_inputs), attrs, RawTensor.symbolic(dtype, shape), None, False)
     if not (fusable(node) or fusable_reduce(node)) or OPS[op].is_view:
         return None
-    prog = Program(placeholders, [node])
+    prog = Program(sym_inputs, [node])
     if len(prog.steps) != 1 or prog.steps[0].kind != "kernel":
         return None
     return Plan(prog, node)

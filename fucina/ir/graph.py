@@ -48,6 +48,29 @@ class Node:
         return f"Node({self.op}, shape={self.shape}, dtype={self.dtype.value})"
 
 
+def topo_order(roots: list[Node], grad_only: bool = False) -> list[Node]:
+    """Nodes reachable from ``roots``, inputs before users (iterative DFS).
+
+    ``grad_only`` follows only inputs that require grad (the backward walk).
+    """
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for inp in reversed(node.inputs):
+            if id(inp) not in seen and (inp.requires_grad or not grad_only):
+                stack.append((inp, False))
+    return order
+
+
 def leaf(value: RawTensor, tags: tuple[str, ...] | None, variable: bool) -> Node:
     """A const or variable leaf around an existing raw tensor."""
     return Node("variable" if variable else "const", (), {}, value, tags, variable)

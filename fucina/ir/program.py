@@ -20,7 +20,7 @@ from ..kernels import gemm, reference
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, storage_for
 from .fusion import BuiltKernel, Fuser, build
-from .graph import Node
+from .graph import Node, topo_order
 from .ops import OPS
 
 #: Total elements from which a generated kernel runs its outer loop in parallel.
@@ -35,25 +35,6 @@ def _attr_key(v: Any) -> Any:
     if isinstance(v, dict):
         return tuple(sorted((k, _attr_key(x)) for k, x in v.items()))
     return v
-
-
-def _topo(outputs: list[Node]) -> list[Node]:
-    order: list[Node] = []
-    seen: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(o, False) for o in reversed(outputs)]
-    while stack:
-        n, done = stack.pop()
-        if done:
-            order.append(n)
-            continue
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        stack.append((n, True))
-        for i in reversed(n.inputs):
-            if id(i) not in seen:
-                stack.append((i, False))
-    return order
 
 
 def _cse(order: list[Node], outputs: list[Node]) -> tuple[list[Node], list[Node]]:
@@ -101,7 +82,7 @@ class Program:
 
     def __init__(self, inputs: list[Node], outputs: list[Node]):
         self.inputs = inputs
-        order = _topo(outputs)
+        order = topo_order(outputs)
         order, outputs = _cse(order, outputs)
         self.outputs = outputs
         self.nodes = order

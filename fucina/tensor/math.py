@@ -285,18 +285,6 @@ def _reduce(self: Any, tags_: tuple[str, ...], fn: str) -> Any:
 
 
 @method
-def sum(self: Any, tag: str) -> Any:
-    """Sum over ``tag`` (f16/bf16 widen to f32, integers and bool to i64)."""
-    return _reduce(self, (T.check_tag(tag),), "sum")
-
-
-@method
-def mean(self: Any, tag: str) -> Any:
-    """Mean over ``tag`` (f16/bf16 widen to f32)."""
-    return _reduce(self, (T.check_tag(tag),), "mean")
-
-
-@method
 def sum_all(self: Any) -> Any:
     """Sum of every element as a scalar tensor."""
     return _reduce(self, self.axis_tags, "sum")
