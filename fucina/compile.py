@@ -136,7 +136,7 @@ class Compiled:
             return type(a)._from_node(node, a._ctx)
 
         sargs = tuple(symbolic(a) for a in args)
-        skw = {k: symbolic(v) for k, v in kwargs.items()}
+        skw = {k: symbolic(kwargs[k]) for k in sorted(kwargs)}  # the order run() binds
         rec = _Recorder()
         prev = set_tracer(rec)
         try:
@@ -175,7 +175,8 @@ class Compiled:
     # -- calling -----------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tensors = [a for a in list(args) + list(kwargs.values()) if _is_tensor(a)]
+        values = list(args) + [kwargs[k] for k in sorted(kwargs)]
+        tensors = [a for a in values if _is_tensor(a)]
         tr = self._traced(args, kwargs)
         if tr.eager_only:
             return self.fn(*args, **kwargs)

@@ -96,6 +96,15 @@ def test_static_arguments_and_signature_cache(ctx):
     np.testing.assert_allclose(fast(x, 3.0).numpy(), x.numpy() * 3)
 
 
+def test_keyword_tensors_bind_by_name(ctx):
+    a = _rand(ctx, ("d",), (4,), 1)
+    b = _rand(ctx, ("d",), (4,), 2)
+    fast = F.compile(lambda *, x, y: x.sub(y))
+    np.testing.assert_allclose(fast(x=a, y=b).numpy(), a.numpy() - b.numpy())
+    np.testing.assert_allclose(fast(y=b, x=a).numpy(), a.numpy() - b.numpy())
+    np.testing.assert_allclose(fast(y=a, x=b).numpy(), b.numpy() - a.numpy())
+
+
 def test_tag_errors_surface_while_tracing(ctx):
     x = _rand(ctx, ("m", "k"), (2, 3))
     y = _rand(ctx, ("n", "j"), (3, 2))
