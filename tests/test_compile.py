@@ -225,6 +225,21 @@ def test_disk_cache_survives_a_new_process(tmp_path):
     assert list(tmp_path.glob("k_*.py"))
 
 
+def test_unwritable_cache_dir_falls_back(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    script = textwrap.dedent("""
+        import fucina as F
+        ctx = F.ExecContext()
+        x = F.Tensor("a").randn(ctx, (5,), 1)
+        print(F.compile(lambda x: x.mul(x).add_scalar(2.0))(x).numpy().min() >= 2.0)
+    """)
+    env = dict(os.environ, FUCINA_CACHE_DIR=str(blocked / "kernels"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == ["True"]
+
+
 # -- eager == compiled on random programs -------------------------------------------
 
 _TAGS = ("a", "b", "c")

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,13 +112,7 @@ def load(source: str) -> Kernel:
         k = _MEMORY.get(key)
         if k is not None:
             return k
-        directory = cache_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"k_{key}.py"
-        if not path.exists() or path.read_text() != source:
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(source)
-            os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+        path = _write(key, source)
         modname = f"fucina_kernel_{key}"
         spec = importlib.util.spec_from_file_location(modname, path)
         assert spec is not None and spec.loader is not None
@@ -128,6 +123,30 @@ def load(source: str) -> Kernel:
         _MEMORY[key] = k
         _INFO.kernels += 1
         return k
+
+
+_FALLBACK: list[Path] = []
+
+
+def _write(key: str, source: str, retry: bool = True) -> Path:
+    """Write ``source`` into the cache directory (a private temp dir if it is unusable)."""
+    dirs = [cache_dir()] + _FALLBACK
+    for directory in dirs:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"k_{key}.py"
+            if not path.exists() or path.read_text() != source:
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(source)
+                os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+            return path
+        except OSError:
+            continue
+    if not retry:
+        raise OSError(f"no writable directory for generated kernels (tried {dirs})")
+    # No writable cache: kernels still work, compiled afresh in each process.
+    _FALLBACK.append(Path(tempfile.mkdtemp(prefix="fucina-kernels-")))
+    return _write(key, source, retry=False)
 
 
 def cache_info() -> CacheInfo:
