@@ -95,9 +95,21 @@ class Tensor(metaclass=_TensorMeta):
         return new(cls, node, ctx, op_result=op_result)
 
     def __repr__(self) -> str:
-        if self._node_ is None:
+        node = self._node_
+        if node is None:
             return f"<{type(self)!r} (deinit'ed)>"
-        return f"<{type(self)!r} shape={self._node_.shape}>"
+        dims = ", ".join(f"{t}={d}" for t, d in zip(self.axis_tags, node.shape)) or "scalar"
+        head = f"{type(self)!r} [{dims}]"
+        raw = node.value
+        if raw.is_symbolic:
+            return f"<{head} traced>"
+        if raw.numel > 64 or raw.dtype.is_block:
+            return f"<{head}>"
+        import numpy as np
+
+        vals = np.array2string(self.numpy(), separator=", ", prefix="  ")
+        grad = ", requires_grad" if node.requires_grad else ""
+        return f"<{head}{grad}\n  {vals}>"
 
 
 _TYPES: dict[tuple[DType, tuple[str, ...]], type] = {}
