@@ -80,7 +80,7 @@ class Group:
     raxes: tuple[int, ...] = ()
     members: list[Node] = field(default_factory=list)
     level: dict[int, str] = field(default_factory=dict)
-    deps: set[int] = field(default_factory=set)
+    deps: set[tuple[str, int]] = field(default_factory=set)
     has_index: bool = False  # a member reads its flat element index (dropout)
 
     @property
@@ -107,6 +107,7 @@ class Fuser:
         self.owner = owner  # id(storage) -> node that produces it
         self.groups: list[Group] = []
         self.group_of: dict[int, Group] = {}
+        self.ref_deps: dict[int, set[tuple[str, int]]] = {}
 
     def producer(self, v: Node) -> Node:
         """The node whose buffer ``v`` reads (itself unless ``v`` is a view)."""
@@ -134,8 +135,38 @@ class Fuser:
             return None
         return "full_bcast"
 
-    def _depends(self, g: Group, other: Group) -> bool:
-        return g.gid in other.deps
+    # Units are kernels ("g", gid) and reference ops ("r", id(node)); a unit's
+    # direct dependencies are the units that produce what it reads.
+
+    def _unit(self, v: Node) -> tuple[str, int] | None:
+        p = self.producer(v)
+        g = self.group_of.get(id(p))
+        if g is not None:
+            return ("g", g.gid)
+        if id(p) in self.ref_deps:
+            return ("r", id(p))
+        return None  # an input, constant or variable: produced by no step
+
+    def _unit_deps(self, unit: tuple[str, int]) -> set[tuple[str, int]]:
+        return self.groups[unit[1]].deps if unit[0] == "g" else self.ref_deps[unit[1]]
+
+    def _depends(self, g: Group, unit: tuple[str, int]) -> bool:
+        """Whether ``unit`` reads, directly or through other steps, a value of ``g``.
+
+        Walked on demand over direct dependencies: a kernel's dependencies grow
+        as members join it, so a snapshot of transitive ones would go stale.
+        """
+        target = ("g", g.gid)
+        stack, seen = [unit], set()
+        while stack:
+            u = stack.pop()
+            if u == target:
+                return True
+            if u in seen:
+                continue
+            seen.add(u)
+            stack.extend(self._unit_deps(u))
+        return False
 
     def add(self, n: Node) -> Group | None:
         """Place compute node ``n``; returns its group or None for the reference path."""
@@ -143,6 +174,7 @@ class Fuser:
             return self._add_ew(n)
         if fusable_reduce(n):
             return self._add_reduce(n)
+        self.ref_deps[id(n)] = {u for v in n.inputs if (u := self._unit(v)) is not None}
         return None
 
     def _join(self, n: Node, g: Group, level: str) -> Group:
@@ -150,11 +182,9 @@ class Fuser:
         g.level[id(n)] = level
         self.group_of[id(n)] = g
         for v in n.inputs:
-            p = self.producer(v)
-            og = self.group_of.get(id(p))
-            if og is not None and og is not g:
-                g.deps.add(og.gid)
-                g.deps |= og.deps
+            u = self._unit(v)
+            if u is not None and u != ("g", g.gid):
+                g.deps.add(u)
         return g
 
     def _new(self, full_shape: tuple[int, ...], raxes: tuple[int, ...] = ()) -> Group:
@@ -181,8 +211,8 @@ class Fuser:
                 target = None
             if target is None or not self._levels_fit(n, g, target):
                 continue
-            others = [self.group_of.get(id(self.producer(u))) for u in n.inputs]
-            if any(o is not None and o is not g and self._depends(g, o) for o in others):
+            units = [self._unit(u) for u in n.inputs]
+            if any(u is not None and u != ("g", g.gid) and self._depends(g, u) for u in units):
                 continue
             g.has_index |= indexed
             return self._join(n, g, target)
