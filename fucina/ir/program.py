@@ -204,11 +204,13 @@ class Program:
                     self.slot_meta.append((n.value.dtype.storage, count))
                     if sid in keep:
                         self.fresh_slots.add(self.slot[sid])
-            for v in reads:
-                sid = id(v.value.storage)
+            for sid in {id(v.value.storage) for v in reads}:  # once per buffer
                 if last_use.get(sid) == k and sid not in keep and sid in produced_ids:
-                    free.setdefault((v.value.dtype.storage.str, int(np.prod(
-                        v.value.storage_shape()))), []).append(self.slot[sid])
+                    # Key by the buffer's own size: a reader may see it through a
+                    # broadcast view of another shape.
+                    slot = self.slot[sid]
+                    dtype, count = self.slot_meta[slot]
+                    free.setdefault((dtype.str, count), []).append(slot)
         for o in self.outputs:
             sid = id(o.value.storage)
             if sid not in self.slot:  # an output that is a const captured by the trace
