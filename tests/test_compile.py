@@ -370,3 +370,33 @@ def test_eager_equals_compiled_on_random_programs(prog):
     got = fast(*xs)
     assert type(got) is type(want)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_program())
+def test_compiled_backward_equals_eager_on_random_programs(prog):
+    inputs, ops, seed = prog
+    ctx = F.ExecContext()
+
+    def variables():
+        return [F.Tensor(*tags).variable(ctx, F.Tensor(*tags).randn(
+            ctx, tuple(_SIZES[t] for t in tags), k).as_raw_tensor())
+            for k, tags in enumerate(inputs)]
+
+    def step(*xs):
+        out = _run_program(xs, ops, seed)
+        loss = out.mul(out).sum_all()  # a loss that depends on every element
+        if not loss.requires_grad:
+            return loss
+        loss.backward()
+        return loss
+
+    eager_vars, compiled_vars = variables(), variables()
+    want = step(*eager_vars)
+    got = F.compile(step)(*compiled_vars)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+    for a, b in zip(eager_vars, compiled_vars):
+        ga, gb = a.grad(), b.grad()
+        assert (ga is None) == (gb is None)
+        if ga is not None:
+            np.testing.assert_allclose(gb.numpy(), ga.numpy(), rtol=1e-3, atol=1e-4)
