@@ -132,6 +132,15 @@ def test_attention_block_with_backward_matches_eager(ctx):
     np.testing.assert_allclose(g2.grad().numpy(), g1.grad().numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_integer_division_by_zero_raises_when_compiled(ctx):
+    a = F.Tensor("d", dtype="i32").from_slice(ctx, (3,), [4, 5, 6])
+    b = F.Tensor("d", dtype="i32").from_slice(ctx, (3,), [2, 0, 3])
+    fast = F.compile(lambda a, b: a.div_trunc(b))
+    with pytest.raises(F.DivisionByZero):
+        fast(a, b)
+    np.testing.assert_array_equal(fast(a, b.add(b.ones_like())).numpy(), [1, 5, 1])
+
+
 def test_static_arguments_and_signature_cache(ctx):
     x = _rand(ctx, ("a",), (5,))
     calls = []
