@@ -5,11 +5,9 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-import numpy as np
-
 from .. import tags as T
 from ..dtypes import DType, reduction_dtype
-from ..errors import DivisionByZero, ShapeMismatch, TagError, UnsupportedGradient
+from ..errors import ShapeMismatch, TagError, UnsupportedGradient
 from ..ir.execute import emit
 from .base import (
     POOL,
@@ -23,7 +21,6 @@ from .base import (
     tensor_type,
 )
 
-_INT_DIV = frozenset({"div_trunc", "div_floor", "rem", "mod"})
 
 
 def _forward_only(self: Any, *others: Any) -> None:
@@ -72,8 +69,6 @@ def _binary(self: Any, other: Any, fn: str) -> Any:
         _forward_only(self, other)
     a = align_node(self, out, shape) if need_a else sn
     b = align_node(other, out, shape) if need_b else on
-    if fn in _INT_DIV and not b.value.is_symbolic and not np.all(b.value.array()):
-        raise DivisionByZero(f"{fn}: the divisor holds a zero")
     node = emit("binary", (a, b), fn=fn)
     node.tags = out
     return new(cls, node, self._ctx)
