@@ -22,7 +22,6 @@ from .base import (
 )
 
 
-
 def _forward_only(self: Any, *others: Any) -> None:
     """Typed (non-f32) math is forward-only: reject graph operands instead of dropping them."""
     if self.dtype is DType.f32:
