@@ -13,6 +13,7 @@ from . import (  # noqa: F401 - fill POOL
     autograd,
     construct,
     contract,
+    losses,
     masks,
     math,
     reductions,
@@ -63,7 +64,7 @@ _F32 = (
     "zero_slice zero_rows diagonal diag diag_embed trace "
     "add sub mul div maximum minimum scale add_scalar sub_scalar div_scalar neg compare "
     "logical_and logical_or logical_xor logical_not sum mean sum_all sum_many dot einsum "
-    "matmul add_dot "
+    "matmul add_dot cross_entropy "
     "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __neg__ "
     "__pow__ __lt__ __le__ __gt__ __ge__ "
     # unary / parameterized elementwise (§4.3, §4.4)
