@@ -55,3 +55,41 @@ def test_cross_entropy_api_example_and_errors():
         logits.cross_entropy("nope", [1, 0])
     all_ignored = logits.cross_entropy("class", [1, 1], ignore_index=1)
     assert all_ignored.item() == 0.0
+
+
+def test_softmax_family_matches_torch():
+    rng = np.random.default_rng(2)
+    x0 = rng.standard_normal((3, 4, 5)).astype(np.float32) * 3
+    m0 = np.where(rng.random((4, 5)) < 0.3, -1e4, 0.0).astype(np.float32)
+    ctx = F.ExecContext()
+    x = F.Tensor("h", "q", "k").variable_from_slice(ctx, x0.shape, x0)
+    mask = F.Tensor("q", "k").from_slice(ctx, m0.shape, m0)
+    g0 = rng.standard_normal(x0.shape).astype(np.float32)
+    for name, fu, tf in [
+        ("softmax", lambda t: t.softmax("k"), lambda t: torch.softmax(t, -1)),
+        ("scaled masked", lambda t: t.softmax("k", scale=0.5, mask=mask),
+         lambda t: torch.softmax(t * 0.5 + torch.tensor(m0), -1)),
+        ("over q", lambda t: t.softmax("q"), lambda t: torch.softmax(t, 1)),
+        ("log_softmax", lambda t: t.log_softmax("k"), lambda t: torch.log_softmax(t, -1)),
+    ]:
+        x.zero_grad()
+        y = fu(x)
+        y.backward_with_grad(type(y).from_slice(ctx, y.shape, g0))
+        xt = torch.tensor(x0, requires_grad=True)
+        yt = tf(xt)
+        yt.backward(torch.tensor(g0))
+        np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+        np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+    fast = F.compile(lambda t: t.softmax("k"))
+    np.testing.assert_allclose(fast(x.detach()).numpy(), torch.softmax(torch.tensor(x0), -1),
+                               rtol=1e-5, atol=1e-6)
+    assert len(fast.kernels(x.detach())) == 1
+    inf_row = F.Tensor("k").from_slice(ctx, (3,), [-np.inf, 0.0, np.inf])
+    np.testing.assert_array_equal(inf_row.softmax("k").numpy()[:1], [0.0])
+    half = x.detach().to("bf16").softmax("k")
+    assert half.dtype is F.bf16
+    widened = x.detach().to("bf16").to("f32")  # the same inputs, widened once
+    np.testing.assert_array_equal(half.data_const(),
+                                  widened.softmax("k").to("bf16").data_const())

@@ -17,6 +17,7 @@ from . import (  # noqa: F401 - fill POOL
     masks,
     math,
     reductions,
+    softmax,
     structural,
     unary,
     views,
@@ -50,7 +51,7 @@ _HALF = (
     "unary relu exp sqrt rsqrt sigmoid silu log log1p abs __abs__ sin cos tanh fast_tanh "
     "softcap30 softcap15 gelu quick_gelu elu gelu_erf floor ceil round sign reciprocal "
     "leaky_relu clamp pow_scalar cumsum cumprod where masked_fill max min prod variance "
-    "logsumexp argmax"
+    "logsumexp argmax softmax log_softmax"
 )
 _F32 = (
     "variable variable_from_slice from_slice from_borrowed_slice from_borrowed_const_slice "
@@ -64,7 +65,7 @@ _F32 = (
     "zero_slice zero_rows diagonal diag diag_embed trace "
     "add sub mul div maximum minimum scale add_scalar sub_scalar div_scalar neg compare "
     "logical_and logical_or logical_xor logical_not sum mean sum_all sum_many dot einsum "
-    "matmul add_dot cross_entropy "
+    "matmul add_dot cross_entropy softmax log_softmax "
     "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __neg__ "
     "__pow__ __lt__ __le__ __gt__ __ge__ "
     # unary / parameterized elementwise (§4.3, §4.4)
