@@ -15,7 +15,7 @@ import numpy as np
 from ..kernels.codegen import STRIDED
 from ..runtime.raw import RawTensor, contiguous_strides
 from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
-from .fusion import _param, fusable, fusable_reduce
+from .fusion import fusable, fusable_reduce, param_value
 from .graph import Node
 from .ops import OPS
 
@@ -69,7 +69,7 @@ class Plan:
         args += self.tail
         kind = self.param_kind
         if kind == 1:
-            args.append(_param(self.node, attrs["value"]))
+            args.append(param_value(self.node, attrs["value"]))
         elif kind == 2:
             args += attrs.get("params", ())
         fn = self.fn

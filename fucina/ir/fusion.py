@@ -307,7 +307,7 @@ def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]
     return names[0], params  # copy
 
 
-def _param(n: Node, value: Any) -> Any:
+def param_value(n: Node, value: Any) -> Any:
     """A scalar parameter in the dtype the reference kernel computes with."""
     dt = n.inputs[0].dtype.storage
     if n.op == "unary":
@@ -354,7 +354,7 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
             expr, ps = _render(n, [f"v{k}" for k in idx], pidx)
             if n.op == "unary" and "{i}" in UNARY[n.attrs["fn"]].template:
                 uses_index = True
-            params += [_param(n, v) for v in ps]
+            params += [param_value(n, v) for v in ps]
             steps.append(cg.Step("ew", lvl, np_name(n.dtype), expr=expr, deps=tuple(idx)))
         step_of[id(n)] = len(steps) - 1
 
