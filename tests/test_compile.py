@@ -15,11 +15,6 @@ from hypothesis import strategies as st
 import fucina as F
 
 
-@pytest.fixture
-def ctx():
-    return F.ExecContext()
-
-
 def _rand(ctx, tags, shape, seed=0):
     return F.Tensor(*tags).randn(ctx, shape, seed)
 

@@ -11,11 +11,6 @@ import fucina as F
 from fucina.kernels import gemm
 
 
-@pytest.fixture
-def ctx():
-    return F.ExecContext()
-
-
 def _plan(a: np.ndarray, la, b: np.ndarray, lb, lo):
     return gemm.plan(a.shape, tuple(s // a.itemsize for s in a.strides), la,
                      b.shape, tuple(s // b.itemsize for s in b.strides), lb, lo)

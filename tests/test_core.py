@@ -7,12 +7,6 @@ import pytest
 
 import fucina as F
 
-
-@pytest.fixture
-def ctx():
-    return F.ExecContext()
-
-
 # -- types -----------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracle import check_against_torch
 
 import fucina as F
 
@@ -21,27 +22,12 @@ def _weights(shape: tuple[int, ...]) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def _check(ctx, tags, shape, fu_op, torch_op, *, extra=None, atol=1e-5):
-    """Compare forward values and input gradients of fu_op vs torch_op."""
-    x0 = RNG.standard_normal(shape).astype(np.float32)
-    T = F.Tensor(*tags)
-    x = T.variable_from_slice(ctx, shape, x0)
-    xt = torch.tensor(x0, requires_grad=True)
-    with ctx.exec_scope():
-        y = fu_op(x)
-        yt = torch_op(xt)
-        y_np = y.numpy()
-        np.testing.assert_allclose(y_np.reshape(yt.shape), yt.detach().numpy(), atol=atol)
-        w = _weights(y_np.shape)
-        loss = y.mul(type(y).from_slice(ctx, y_np.shape, w)).sum_all()
-        loss.backward()
-    (yt * torch.tensor(w).reshape(yt.shape)).sum().backward()
-    np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), atol=atol)
+def _check(ctx, tags, shape, fu_op, torch_op, *, atol=1e-5):
+    """Forward values and input gradients of fu_op vs torch_op on random data of ``shape``."""
+    data = RNG.standard_normal(shape).astype(np.float32)
+    check_against_torch(ctx, tags, data, fu_op, torch_op, rng=RNG, rtol=1e-7, atol=atol)
 
 
-@pytest.fixture
-def ctx():
-    return F.ExecContext()
 
 
 def test_permute_and_align(ctx):

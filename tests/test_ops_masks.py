@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracle import tensor
 
 import fucina as F
 
 RNG = np.random.default_rng(11)
 
 
-@pytest.fixture
-def ctx():
-    return F.ExecContext()
 
 
-def _t(ctx, tags, values, dtype=None, variable=False):
-    v = np.asarray(values)
-    T = F.Tensor(*tags, dtype=dtype) if dtype else F.Tensor(*tags)
-    if variable:
-        return T.variable_from_slice(ctx, v.shape, v)
-    return T.from_slice(ctx, v.shape, v)
+_t = tensor
 
 
 # -- numpy-only --------------------------------------------------------------------------

@@ -3,25 +3,20 @@ any/all, cumsum/cumprod, argmax (forward, gradients, edge cases, f16/bf16 forms)
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+from oracle import check_against_torch, tensor
 
 import fucina as F
 
 RNG = np.random.default_rng(5)
 
 
-@pytest.fixture
-def ctx():
-    return F.ExecContext()
 
 
-def _t(ctx, tags, values, dtype=None, variable=False):
-    v = np.asarray(values)
-    T = F.Tensor(*tags, dtype=dtype) if dtype else F.Tensor(*tags)
-    if variable:
-        return T.variable_from_slice(ctx, v.shape, v)
-    return T.from_slice(ctx, v.shape, v)
+_t = tensor
 
 
 # -- numpy-only: the reference snippets and the masked forms ---------------------------------
@@ -220,23 +215,7 @@ def test_compiled_reductions_match_eager(ctx):
 torch = pytest.importorskip("torch")
 
 
-def _check(ctx, tags, data, fu_op, torch_op, *, rtol=1e-5, atol=1e-6, grad=True):
-    x0 = np.asarray(data, dtype=np.float32)
-    x = F.Tensor(*tags).variable_from_slice(ctx, x0.shape, x0)
-    xt = torch.tensor(x0, requires_grad=True)
-    with ctx.exec_scope():
-        y = fu_op(x)
-        yt = torch_op(xt)
-        y_np = y.numpy()
-        np.testing.assert_allclose(y_np.reshape(yt.shape), yt.detach().numpy(), rtol=rtol,
-                                   atol=atol, equal_nan=True)
-        if not grad:
-            return
-        w = RNG.standard_normal(y_np.shape).astype(np.float32)
-        y.mul(type(y).from_slice(ctx, y_np.shape, w)).sum_all().backward()
-    (yt * torch.tensor(w).reshape(yt.shape)).sum().backward()
-    np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=rtol, atol=atol,
-                               equal_nan=True)
+_check = functools.partial(check_against_torch, rng=RNG)
 
 
 TAGS = ("a", "b", "c")

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from oracle import check_against_torch
 
 import fucina as F
 from fucina.kernels import scalar_fns as sf
@@ -130,9 +131,6 @@ def test_public_unary_names_all_have_table_entries():
 # -- numpy-only facade checks -------------------------------------------------------------
 
 
-@pytest.fixture
-def ctx():
-    return F.ExecContext()
 
 
 def _vec(ctx, values, dtype="f32"):
@@ -352,20 +350,7 @@ TF = torch.nn.functional
 
 def _check(ctx, data, fu_op, torch_op, *, rtol=1e-5, atol=1e-6, tags=("a", "b")):
     """Forward values and the input gradient of fu_op vs torch_op on ``data``."""
-    x0 = np.asarray(data, dtype=np.float32)
-    x = F.Tensor(*tags).variable_from_slice(ctx, x0.shape, x0)
-    xt = torch.tensor(x0, requires_grad=True)
-    with ctx.exec_scope():
-        y = fu_op(x)
-        yt = torch_op(xt)
-        y_np = y.numpy()
-        np.testing.assert_allclose(y_np.reshape(yt.shape), yt.detach().numpy(), rtol=rtol,
-                                   atol=atol, equal_nan=True)
-        w = RNG.standard_normal(y_np.shape).astype(np.float32)
-        y.mul(type(y).from_slice(ctx, y_np.shape, w)).sum_all().backward()
-    (yt * torch.tensor(w).reshape(yt.shape)).sum().backward()
-    np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=rtol, atol=atol,
-                               equal_nan=True)
+    check_against_torch(ctx, tags, data, fu_op, torch_op, rng=RNG, rtol=rtol, atol=atol)
 
 
 ANY = (RNG.standard_normal((3, 5)) * 2.5).astype(np.float32)

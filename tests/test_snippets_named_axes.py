@@ -16,12 +16,6 @@ import pytest
 
 import fucina
 
-
-@pytest.fixture
-def ctx():
-    return fucina.ExecContext()
-
-
 # --- 4.3 ---------------------------------------------------------------------------------
 
 

@@ -16,11 +16,6 @@ import pytest
 import fucina
 
 
-@pytest.fixture
-def ctx():
-    return fucina.ExecContext()
-
-
 def f16_bits(x: float) -> int:
     """The Zig helper ``bits``: @bitCast(@as(f16, @floatCast(x)))."""
     return int(np.array(x, dtype=np.float16).view(np.uint16))
