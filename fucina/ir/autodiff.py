@@ -460,7 +460,6 @@ def accumulate(leaf: Node, g: Node) -> None:
     While a function is being traced, the gradient is a program value: the
     tracer records it, and the compiled program accumulates it when it runs.
     """
-    from ..runtime.raw import RawTensor
     from .execute import current_tracer
 
     g = _f32(g)
@@ -468,14 +467,11 @@ def accumulate(leaf: Node, g: Node) -> None:
     if tracer is not None:
         tracer.gradient(leaf, g)
         return
-    fresh = g.value.contiguous_copy() if leaf.grad is None else None
-    if fresh is None:
-        prev = Node("const", (), {}, leaf.grad, None, False)
-        fresh = emit("binary", (prev, g), fn="add").value
-        if fresh.storage is g.value.storage:
-            fresh = fresh.contiguous_copy()
-    assert isinstance(fresh, RawTensor)
-    leaf.grad = fresh
+    if leaf.grad is None:
+        leaf.grad = g.value.contiguous_copy()
+    else:  # the add writes a new buffer: a held grad_view() keeps the old value
+        leaf.grad = emit("binary", (Node("const", (), {}, leaf.grad, None, False), g),
+                         fn="add").value
 
 
 def backward(root: Node, seed: Node) -> None:

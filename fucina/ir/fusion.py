@@ -113,7 +113,7 @@ class Fuser:
         """The node whose buffer ``v`` reads (itself unless ``v`` is a view)."""
         return self.owner[id(v.value.storage)]
 
-    def _internal_level(self, v: Node, g: Group) -> str | None:
+    def internal_level(self, v: Node, g: Group) -> str | None:
         """Level at which operand ``v`` is available inside ``g`` without a buffer."""
         p = self.producer(v)
         if self.group_of.get(id(p)) is not g:
@@ -147,7 +147,7 @@ class Fuser:
             return ("r", id(p))
         return None  # an input, constant or variable: produced by no step
 
-    def _unit_deps(self, unit: tuple[str, int]) -> set[tuple[str, int]]:
+    def unit_deps(self, unit: tuple[str, int]) -> set[tuple[str, int]]:
         return self.groups[unit[1]].deps if unit[0] == "g" else self.ref_deps[unit[1]]
 
     def _depends(self, g: Group, unit: tuple[str, int]) -> bool:
@@ -165,7 +165,7 @@ class Fuser:
             if u in seen:
                 continue
             seen.add(u)
-            stack.extend(self._unit_deps(u))
+            stack.extend(self.unit_deps(u))
         return False
 
     def add(self, n: Node) -> Group | None:
@@ -223,7 +223,7 @@ class Fuser:
     def _levels_fit(self, n: Node, g: Group, target: str) -> bool:
         """Every operand internal to ``g`` must be readable at ``target`` level."""
         for u in n.inputs:
-            ul = self._internal_level(u, g)
+            ul = self.internal_level(u, g)
             if ul is None:
                 if self.group_of.get(id(self.producer(u))) is g:
                     return False  # a view of a member the kernel cannot fold
@@ -334,7 +334,7 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
 
     def operand(v: Node, level: str) -> int:
         p = fuser.producer(v)
-        if id(p) in step_of and fuser._internal_level(v, g) is not None:
+        if id(p) in step_of and fuser.internal_level(v, g) is not None:
             return step_of[id(p)]
         key = (id(v), level)
         if key not in input_key:

@@ -89,7 +89,7 @@ class Program:
         # Buffers: every non-view node owns its value's storage.
         owner: dict[int, Node] = {}
         for n in order:
-            if not OPS.get(n.op) or not OPS[n.op].is_view:
+            if n.op not in OPS or not OPS[n.op].is_view:  # const/variable leaves own theirs
                 owner[id(n.value.storage)] = n
         self.owner = owner
         fuser = Fuser(owner)
@@ -106,42 +106,28 @@ class Program:
                 pg = fuser.group_of.get(id(p))
                 if pg is None:
                     continue
-                if g is not pg or fuser._internal_level(v, pg) is None:
+                if g is not pg or fuser.internal_level(v, pg) is None:
                     needed.add(id(p))
         self.steps = self._order(placed, fuser, needed)
         self._plan_buffers()
 
     def _order(self, placed: list[tuple[Node, Any]], fuser: Fuser,
                needed: set[int]) -> list[Step]:
-        """Steps (kernels and reference ops) in an order that respects their data deps."""
-        units: list[Any] = []  # a Group or a reference Node
-        unit_of: dict[int, int] = {}
-        seen_groups: dict[int, int] = {}
-        for n, g in placed:
-            if g is None:
-                unit_of[id(n)] = len(units)
-                units.append(n)
-            else:
-                if g.gid not in seen_groups:
-                    seen_groups[g.gid] = len(units)
-                    units.append(g)
-                unit_of[id(n)] = seen_groups[g.gid]
-        deps: list[set[int]] = [set() for _ in units]
-        for n, _ in placed:
-            u = unit_of[id(n)]
-            for v in n.inputs:
-                p = self.owner.get(id(v.value.storage))
-                pu = unit_of.get(id(p)) if p is not None else None
-                if pu is not None and pu != u:
-                    deps[u].add(pu)
-        order: list[int] = []
-        done: set[int] = set()
+        """Steps (kernels and reference ops) in an order that respects their data deps.
 
-        def visit(u: int, stack: set[int]) -> None:
-            if u in done:
-                return
+        The dependencies are the fuser's own units (kernels and reference ops),
+        the same graph it kept acyclic while fusing.
+        """
+        units: dict[tuple[str, int], Any] = {}  # first-appearance order
+        for n, g in placed:
+            units.setdefault(("g", g.gid) if g is not None else ("r", id(n)),
+                             g if g is not None else n)
+        order: list[tuple[str, int]] = []
+        done: set[tuple[str, int]] = set()
+
+        def visit(u: tuple[str, int], stack: set[tuple[str, int]]) -> None:
             stack.add(u)
-            for d in sorted(deps[u]):
+            for d in sorted(fuser.unit_deps(u)):
                 if d not in done:
                     assert d not in stack, "fusion produced a cycle"
                     visit(d, stack)
@@ -149,8 +135,9 @@ class Program:
             done.add(u)
             order.append(u)
 
-        for u in range(len(units)):
-            visit(u, set())
+        for u in units:
+            if u not in done:
+                visit(u, set())
         steps: list[Step] = []
         for u in order:
             unit = units[u]
