@@ -141,15 +141,3 @@ def reduction_dtype(dt: DType) -> DType:
     if dt is DType.f64:
         return DType.f64
     return DType.i64
-
-
-def compute_np(dt: DType) -> np.dtype:
-    """numpy dtype pointwise math computes in (bf16 computes through f32)."""
-    if dt is DType.bf16:
-        return np.dtype(np.float32)
-    return _STORAGE[dt]
-
-
-def is_scalar_dtype(dt: DType) -> bool:
-    """True for dtypes with one storage element per logical element."""
-    return not dt.is_block

@@ -194,11 +194,6 @@ def check_tensor(x: Any, what: str = "operand") -> Any:
     return x
 
 
-def raw_shape_for(tags: Sequence[str], sizes: dict[str, int]) -> tuple[int, ...]:
-    """Raw shape of a tensor with ``tags`` (scalars are ``(1,)``)."""
-    return tuple(sizes[t] for t in tags) or (1,)
-
-
 def sizes_of(x: Any) -> dict[str, int]:
     """tag -> size for a live tensor."""
     return dict(zip(x.axis_tags, x._node.shape))

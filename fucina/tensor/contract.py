@@ -48,8 +48,9 @@ def contract_nodes(a: Any, an: Node, at: tuple[str, ...], b: Any, bn: Node,
     for t in at:
         if t in sb and sa[t] != sb[t]:
             raise ShapeMismatch(f"tag {t!r} has sizes {sa[t]} and {sb[t]} in the contraction")
-    an, at = _presum(a, an, at, [t for t in at if t not in bt and t not in out])
-    bn, bt = _presum(b, bn, bt, [t for t in bt if t not in at and t not in out])
+    # Private axes the output drops ("summed" in the shared x kept table) go first.
+    an, at = _presum(a, an, at, [t for t in at if T.einsum_role(t, at, bt, out) == "summed"])
+    bn, bt = _presum(b, bn, bt, [t for t in bt if T.einsum_role(t, bt, at, out) == "summed"])
     label = {t: i for i, t in enumerate(T.union(at, bt))}
     shape = tuple(sa[t] if t in sa else sb[t] for t in out) or (1,)
     return emit("contract", (an, bn), labels=(tuple(label[t] for t in at),
