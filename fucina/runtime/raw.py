@@ -14,7 +14,7 @@ import numpy as np
 
 from ..dtypes import DType
 from ..errors import InvalidDataLength, InvalidShape, UnsupportedView
-from .storage import Storage
+from .storage import Storage, SymbolicStorage
 
 MAX_RANK = 8
 
@@ -74,7 +74,13 @@ class RawTensor:
     @classmethod
     def symbolic(cls, dtype: DType, shape: tuple[int, ...]) -> RawTensor:
         """A contiguous layout with no data (tracing)."""
-        return cls(Storage(None), dtype, shape, _storage_strides(dtype, shape))
+        return cls(SymbolicStorage(_storage_count(dtype, shape)), dtype, shape,
+                   _storage_strides(dtype, shape))
+
+    @classmethod
+    def symbolic_like(cls, raw: RawTensor) -> RawTensor:
+        """A traced stand-in for ``raw``: its layout from offset 0, storage size unknown."""
+        return cls(SymbolicStorage(None), raw.dtype, raw.shape, raw.strides, 0)
 
     @classmethod
     def from_array(cls, dtype: DType, arr: np.ndarray, shape: tuple[int, ...] | None = None,

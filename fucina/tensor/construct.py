@@ -19,6 +19,7 @@ from .base import POOL, classmethod_, method, new
 def _ctx(ctx: Any) -> ExecContext:
     if not isinstance(ctx, ExecContext):
         raise TypeError(f"the first argument must be an ExecContext, got {type(ctx).__name__}")
+    ctx.check_open()
     return ctx
 
 
