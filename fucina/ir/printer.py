@@ -69,6 +69,11 @@ def format_program(prog: Any) -> str:
             stored = {id(n) for n in b.outputs}
             for line, n in zip(format_nodes(b.members, names), b.members):
                 out.append("    " + line + ("   -> stored" if id(n) in stored else ""))
+        elif st.kind == "check":
+            n = st.node
+            idx = ", ".join(names.get(id(i), "?") for i in n.inputs[1:2])
+            out.append(f"  check {idx}: index values in range for {names[id(n)]} = {n.op} "
+                       "(IndexOutOfBounds before any read)")
         else:
             n = st.node
             note = st.gemm.describe() if st.gemm is not None else "reference kernel"

@@ -9,22 +9,27 @@ buffers and executes the steps.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidDataLength
 from ..kernels import cache as kcache
 from ..kernels import codegen as cg
 from ..kernels import gemm, reference
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, storage_for
+from .checks import VALUE_CHECKS, reads_index_values
 from .fusion import BuiltKernel, Fuser, build
 from .graph import Node, topo_order
-from .ops import OPS
+from .ops import OPS, extent_message
 
 #: Total elements from which a generated kernel runs its outer loop in parallel.
 PARALLEL_MIN = 1 << 18
+#: Idle sets of intermediate buffers a program keeps for its next runs.
+_SCRATCH_SETS = 4
 
 
 def _attr_key(v: Any) -> Any:
@@ -70,7 +75,7 @@ def _cse(order: list[Node], outputs: list[Node]) -> tuple[list[Node], list[Node]
 class Step:
     """One program step: a generated kernel launch or a reference op."""
 
-    kind: str                      # "kernel" or "ref"
+    kind: str                      # "kernel", "ref" or "check" (index values of a ref op)
     node: Node | None = None       # ref: the op
     built: BuiltKernel | None = None
     kernel: kcache.Kernel | None = None
@@ -142,6 +147,8 @@ class Program:
         for u in order:
             unit = units[u]
             if isinstance(unit, Node):
+                if reads_index_values(unit):  # index values are checked before any read
+                    steps.append(Step("check", node=unit))
                 steps.append(Step("ref", node=unit, gemm=gemm_plan(unit)))
                 continue
             built = build(unit, fuser, needed, PARALLEL_MIN)
@@ -162,7 +169,8 @@ class Program:
         self.const_slots: list[tuple[int, Node]] = []
         produced: list[list[Node]] = []
         for st in self.steps:
-            produced.append(st.built.outputs if st.kind == "kernel" else [st.node])
+            produced.append(st.built.outputs if st.kind == "kernel" else
+                            [st.node] if st.kind == "ref" else [])
         last_use: dict[int, int] = {}
         for k, st in enumerate(self.steps):
             reads = st.built.inputs if st.kind == "kernel" else list(st.node.inputs)
@@ -204,23 +212,45 @@ class Program:
                 self.slot[sid] = len(self.slot_meta)
                 self.slot_meta.append((o.value.dtype.storage, 0))
                 self.const_slots.append((self.slot[sid], self.owner[sid]))
-        self._scratch: dict[int, np.ndarray] = {}
+        # Per input: the element count its traced strided views read (0: none).
+        self.input_need = [getattr(n.value.storage, "need", 0) for n in self.inputs]
+        # Intermediate buffers, one set per concurrent run: a run takes a set (or makes
+        # one) and gives it back, so threads calling one program never share scratch.
+        self._scratch_free: list[dict[int, np.ndarray]] = []
+        self._scratch_lock = threading.Lock()
 
     # -- running -------------------------------------------------------------------
 
     def run(self, args: list[RawTensor]) -> list[RawTensor]:
-        """Execute on argument raw tensors; returns raw results."""
+        """Execute on argument raw tensors; returns raw results.
+
+        Safe to call from several threads at once: each run has its own
+        buffer table and intermediate buffers.
+        """
         bufs: list[Any] = [None] * len(self.slot_meta)
         for k, a in enumerate(args):
-            bufs[k] = a.storage.buf[a.offset:]
+            buf = a.storage.buf
+            need = self.input_need[k]
+            if need and a.offset + need > buf.size:
+                raise InvalidDataLength(extent_message(a.offset + need - 1, buf.size))
+            bufs[k] = buf[a.offset:]
         for slot, node in self.const_slots:
             v = node.value
             bufs[slot] = v.storage.buf[v.offset:] if v.offset else v.storage.buf
-        for st in self.steps:
-            if st.kind == "kernel":
-                self._launch(st, bufs)
-            else:
-                self._ref(st.node, bufs, st.gemm)
+        with self._scratch_lock:
+            scratch = self._scratch_free.pop() if self._scratch_free else {}
+        try:
+            for st in self.steps:
+                if st.kind == "kernel":
+                    self._launch(st, bufs, scratch)
+                elif st.kind == "ref":
+                    self._ref(st.node, bufs, scratch, st.gemm)
+                else:
+                    self._check(st.node, bufs)
+        finally:
+            with self._scratch_lock:
+                if len(self._scratch_free) < _SCRATCH_SETS:
+                    self._scratch_free.append(scratch)
         results = []
         for o in self.outputs:
             sid = id(o.value.storage)
@@ -237,7 +267,8 @@ class Program:
                                      v.dtype, v.shape, v.strides, v.offset + base))
         return results
 
-    def _buffer(self, bufs: list[Any], node: Node) -> np.ndarray:
+    def _buffer(self, bufs: list[Any], node: Node, scratch: dict[int, np.ndarray]
+                ) -> np.ndarray:
         slot = self.slot[id(node.value.storage)]
         buf = bufs[slot]
         if buf is None:
@@ -245,24 +276,28 @@ class Program:
             if slot in self.fresh_slots:
                 buf = POOL.take(dtype, count)
             else:
-                buf = self._scratch.get(slot)
+                buf = scratch.get(slot)
                 if buf is None:
-                    buf = self._scratch[slot] = np.empty(count, dtype=dtype)
+                    buf = scratch[slot] = np.empty(count, dtype=dtype)
             bufs[slot] = buf
         return buf
 
-    def _launch(self, st: Step, bufs: list[Any]) -> None:
+    def _launch(self, st: Step, bufs: list[Any], scratch: dict[int, np.ndarray]) -> None:
         b = st.built
-        outs = [self._buffer(bufs, n) for n in b.outputs]
+        outs = [self._buffer(bufs, n, scratch) for n in b.outputs]
         ins = [bufs[self.slot[id(v.value.storage)]] for v in b.inputs]
         st.kernel(*outs, *ins, *b.int_args, *b.loop_sizes, *b.params)
 
-    def _ref(self, n: Node, bufs: list[Any], decided: Any = None) -> None:
-        arrays = []
-        for v in n.inputs:
-            buf = bufs[self.slot[id(v.value.storage)]]
-            arrays.append(_view(buf, v.value))
-        target = self._buffer(bufs, n) if n.op == "contract" else None
+    def _arrays(self, n: Node, bufs: list[Any]) -> list[np.ndarray]:
+        return [_view(bufs[self.slot[id(v.value.storage)]], v.value) for v in n.inputs]
+
+    def _check(self, n: Node, bufs: list[Any]) -> None:
+        VALUE_CHECKS[n.op](n.inputs, n.attrs, self._arrays(n, bufs))
+
+    def _ref(self, n: Node, bufs: list[Any], scratch: dict[int, np.ndarray],
+             decided: Any = None) -> None:
+        arrays = self._arrays(n, bufs)
+        target = self._buffer(bufs, n, scratch) if n.op == "contract" else None
         res = reference.run(n.op, n.attrs, arrays, [v.dtype for v in n.inputs], n.dtype,
                             buf=target, decided=decided)
         if target is not None and np.shares_memory(res, target):
@@ -273,7 +308,8 @@ class Program:
         if res.dtype == dtype and res.size == count and res.flags.c_contiguous:
             bufs[slot] = res.reshape(-1)  # adopt the result: no copy into a planned buffer
         else:
-            self._buffer(bufs, n)[...] = np.ascontiguousarray(res, dtype=dtype).reshape(-1)
+            self._buffer(bufs, n, scratch)[...] = np.ascontiguousarray(res, dtype=dtype
+                                                                        ).reshape(-1)
 
 
 def gemm_plan(n: Node) -> Any:

@@ -9,6 +9,8 @@ carry shapes and layouts through a program without data.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,6 +19,21 @@ from ..errors import InvalidDataLength, InvalidShape, UnsupportedView
 from .storage import Storage, SymbolicStorage
 
 MAX_RANK = 8
+
+_reads = threading.local()
+
+
+def set_read_observer(fn: Callable[[RawTensor], None] | None
+                      ) -> Callable[[RawTensor], None] | None:
+    """Call ``fn(raw)`` whenever host code reads a raw tensor's data on this thread.
+
+    ``fucina.compile`` observes reads while tracing: a captured tensor whose
+    values the traced Python code reads (a mask turned into indices) shapes the
+    trace, so its values are guarded. Returns the previous observer.
+    """
+    prev = getattr(_reads, "fn", None)
+    _reads.fn = fn
+    return prev
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -145,6 +162,9 @@ class RawTensor:
 
     def array(self) -> np.ndarray:
         """numpy view in logical shape over storage elements (blocks: storage shape)."""
+        observer = getattr(_reads, "fn", None)
+        if observer is not None:
+            observer(self)
         buf = self.storage.buf
         item = buf.itemsize
         return np.ndarray(self.storage_shape(), dtype=buf.dtype, buffer=buf,
@@ -157,6 +177,9 @@ class RawTensor:
             raise UnsupportedView(
                 f"tensor with shape {self.shape} and strides {self.strides} is not contiguous; "
                 "materialize it first or use copy_to")
+        observer = getattr(_reads, "fn", None)
+        if observer is not None:
+            observer(self)
         n = _storage_count(self.dtype, self.shape)
         return self.storage.buf[self.offset:self.offset + n]
 
