@@ -48,7 +48,7 @@ from .ir.graph import Node, leaf
 from .ir.ops import OPS, OpDef
 from .ir.printer import format_program
 from .ir.program import Program
-from .kernels.cache import Kernel
+from .kernels.cache import SIZE_SOURCES, Kernel
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .runtime.lru import LRU
@@ -506,7 +506,17 @@ class Compiled:
 
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """Readable text of the optimized program for these arguments."""
-        return format_program(self._entry(args, kwargs).program)
+        e = self._entry(args, kwargs)
+        notes = []
+        for kind, v in e.bindings:
+            if kind == "arg":
+                notes.append(f"argument tensor {v}")
+            elif kind == "slot":
+                notes.append("captured: " + cap.describe(e.caps.paths[v][0]).strip()
+                             + ", read at each call")
+            else:
+                notes.append("constant made while tracing")
+        return format_program(e.program, notes)
 
     def kernels(self, *args: Any, **kwargs: Any) -> list[Kernel]:
         """The generated kernels the program runs for these arguments, in order."""
@@ -545,7 +555,10 @@ def compile(fn: Callable[..., Any]) -> Compiled:  # noqa: A001 - the public name
     return Compiled(fn)
 
 
-def program_cache_sizes() -> tuple[int, int]:
+def _program_cache() -> tuple[int, int]:
     """(programs held by all live compiled functions, the per-function signature bound)."""
     return sum(c.cache_size() for c in list(_LIVE)), PROGRAM_CACHE_SIZE
+
+
+SIZE_SOURCES["program_cache"] = _program_cache
 

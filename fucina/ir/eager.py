@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.cache import SIZE_SOURCES
 from ..kernels.codegen import STRIDED
 from ..runtime.lru import LRU
 from ..runtime.raw import RawTensor, contiguous_strides
@@ -87,6 +88,7 @@ class Plan:
 PLAN_CACHE_SIZE = 4096
 PLANS = LRU(PLAN_CACHE_SIZE)
 _MISSING = object()
+SIZE_SOURCES["plan_cache"] = lambda: (len(PLANS), PLANS.maxsize)
 
 
 _FAST_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy",

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import InvalidDataLength
 from ..kernels import cache as kcache
 from ..kernels import codegen as cg
-from ..kernels import gemm, reference
+from ..kernels import gemm, reference, threads
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, storage_for
 from .checks import VALUE_CHECKS, reads_index_values
@@ -28,6 +28,7 @@ from .ops import OPS, extent_message
 
 #: Total elements from which a generated kernel runs its outer loop in parallel.
 PARALLEL_MIN = 1 << 18
+_NEVER_PARALLEL = 1 << 62  # no thread-safe threading layer: every kernel runs serial
 #: Idle sets of intermediate buffers a program keeps for its next runs.
 _SCRATCH_SETS = 4
 
@@ -151,7 +152,8 @@ class Program:
                     steps.append(Step("check", node=unit))
                 steps.append(Step("ref", node=unit, gemm=gemm_plan(unit)))
                 continue
-            built = build(unit, fuser, needed, PARALLEL_MIN)
+            built = build(unit, fuser, needed,
+                          PARALLEL_MIN if threads.THREAD_SAFE else _NEVER_PARALLEL)
             if built.outputs:  # a kernel nothing observes is dead
                 steps.append(Step("kernel", built=built,
                                   kernel=kcache.load(cg.generate(built.spec))))

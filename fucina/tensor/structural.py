@@ -102,11 +102,10 @@ def gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
     return result(self, out, _gather_node(self, i, idx))
 
 
-def _index_tensor(index: Any, what: str) -> np.ndarray:
+def _index_tensor(index: Any, what: str) -> None:
     check_tensor(index, what)
     if index.dtype is not DType.i64:
         raise TagError(f"{what} must be an i64 tensor, got {index.dtype.value}")
-    return index.numpy()
 
 
 @method
@@ -115,7 +114,12 @@ def index_select(self: Any, tag: str, index: Any, out_tag: str) -> Any:
     check_tensor(index, "index")
     if index.tag_count != 1:
         raise TagError(f"index_select needs a rank-1 index tensor, got tags {index.axis_tags}")
-    return gather(self, tag, _index_tensor(index, "index").reshape(-1), out_tag)
+    _index_tensor(index, "index")
+    same_ctx(self, index)
+    i = T.index(self.axis_tags, tag)
+    out = T.replace_tag(self.axis_tags, tag, out_tag)
+    # The index is a traced value: checked by the IR when the gather runs, never a retrace.
+    return result(self, out, emit("gather", (self._node, index._node), axis=i, index=None))
 
 
 @method
@@ -439,14 +443,8 @@ def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) ->
     for t, d in zip(self.axis_tags, self.shape):
         if t != tag and isz[t] != d:
             raise ShapeMismatch(f"indices: tag {t!r} has size {isz[t]}, tensor has {d}")
-    node = align_node(indices, self.axis_tags, ishape)
-    vals = node.value.array() if not node.value.is_symbolic else np.zeros(1, np.int64)
-    dim = self.shape[i]
-    bad = (vals < 0) | (vals >= dim)
-    if bad.any():
-        raise IndexOutOfBounds(f"index {int(vals[bad].reshape(-1)[0])} out of range for "
-                               f"{tag!r} of size {dim}")
-    return i, node, ishape
+    # Index values are checked by the IR before the kernel reads them (eager and compiled).
+    return i, align_node(indices, self.axis_tags, ishape), ishape
 
 
 @method
