@@ -218,6 +218,7 @@ class Captures:
         self._by_storage: dict[int, list[int]] = {}
         self.roots: list[Any] = []        # root k (k >= 1): objects walked besides fn/args
         self.guards = 0
+        self._plan: list[Any] | None = None
 
     # -- recording -----------------------------------------------------------------
 
@@ -239,6 +240,7 @@ class Captures:
         self.guards += 1
 
     def _at(self, path: Path) -> PathNode:
+        self._plan = None
         node = self.trie
         for s in path:
             node = node.child(s)
@@ -258,38 +260,62 @@ class Captures:
     # -- reading again at call time ------------------------------------------------
 
     def resolve(self, fn: Any, args: tuple[Any, ...]) -> list[Any] | None:
-        """The tensors in every capture slot now, or None if a guard fails (retrace)."""
+        """The tensors in every capture slot now, or None if a guard fails (retrace).
+
+        Runs the trie as a flat list of steps (each reads its parent's object), so
+        shared path prefixes are read once and a call costs one loop.
+        """
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = _flatten(self.trie)
         found: list[Any] = [None] * len(self.slots)
-        for s, node in self.trie.children.items():
-            kind, key = s
-            if kind == "root":
-                start = fn if key == 0 else self.roots[key - 1]
-            else:  # ("arg", k): a static argument
-                start = args[key]
-            if not _visit(node, start, found):
-                return None
+        objs: list[Any] = [None] * len(plan)
+        roots = self.roots
+        for i, (parent, kind, key, checks, slot) in enumerate(plan):
+            if parent < 0:
+                obj = (fn if key == 0 else roots[key - 1]) if kind == "root" else args[key]
+            else:
+                src = objs[parent]
+                try:
+                    if kind == "attr":
+                        obj = getattr(src, key)
+                    elif kind == "item":
+                        obj = src[key]
+                    else:
+                        obj = step(src, (kind, key))
+                except Exception:  # noqa: BLE001 - a path that no longer resolves: retrace
+                    return None
+            for c in checks:
+                kind = c.kind
+                if kind == "type":
+                    if type(obj) is not c.value:
+                        return None
+                elif kind == "is":
+                    if obj is not c.value:
+                        return None
+                elif not c.holds(obj):
+                    return None
+            if slot is not None:
+                prev = found[slot]
+                if prev is None:
+                    found[slot] = obj
+                elif prev._node_ is not obj._node_:
+                    return None  # paths that reached one tensor now reach two
+            objs[i] = obj
         return found
 
 
-def _visit(node: PathNode, obj: Any, found: list[Any]) -> bool:
-    for c in node.checks:
-        if not c.holds(obj):
-            return False
-    slot = node.slot
-    if slot is not None:
-        prev = found[slot]
-        if prev is None:
-            found[slot] = obj
-        elif prev._node_ is not obj._node_:
-            return False  # paths that reached one tensor now reach two
-    for s, child in node.children.items():
-        try:
-            sub = step(obj, s)
-        except Exception:  # noqa: BLE001 - a path that no longer resolves fails its guard
-            return False
-        if not _visit(child, sub, found):
-            return False
-    return True
+def _flatten(trie: PathNode) -> list[tuple[int, str, Any, tuple[Check, ...], int | None]]:
+    """The trie in depth-first order: (parent position or -1, step kind, key, checks, slot)."""
+    plan: list[tuple[int, str, Any, tuple[Check, ...], int | None]] = []
+
+    def walk(node: PathNode, parent: int) -> None:
+        for (kind, key), child in node.children.items():
+            plan.append((parent, kind, key, tuple(child.checks), child.slot))
+            walk(child, len(plan) - 1)
+
+    walk(trie, -1)
+    return plan
 
 
 class _Walker:
@@ -357,7 +383,8 @@ class _Walker:
             for name in sorted(self.names & set(vars(obj))):
                 self.visit(vars(obj)[name], path + (("attr", name),), depth + 1)
         elif _compiled_fn(obj) is not None:
-            caps.add_check(path, Check("is", obj))
+            if len(path) > 1:
+                caps.add_check(path, Check("is", obj))
             self.visit(_compiled_fn(obj), path + (("attr", "fn"),), depth + 1)
         elif _walkable_type(type(obj)):
             self._instance(obj, path, depth)
@@ -383,7 +410,8 @@ class _Walker:
             self.visit(obj[k], path + (("item", k),), depth + 1)
 
     def _function(self, fn: types.FunctionType, path: Path, depth: int) -> None:
-        self.caps.add_check(path, Check("is", fn))  # rebinding a function changes the code
+        if len(path) > 1:  # a rebound function changes the code (the root one is fixed)
+            self.caps.add_check(path, Check("is", fn))
         if not _user_module(fn.__module__):
             return
         code = fn.__code__
@@ -464,6 +492,7 @@ def add_root(caps: Captures, obj: Any) -> None:
 
 
 def _merge_checks(dst: PathNode, src: PathNode, caps: Captures) -> None:
+    caps._plan = None
     for c in src.checks:
         dst.checks.append(c)
         caps.guards += 1

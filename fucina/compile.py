@@ -209,6 +209,7 @@ class _Entry:
         self.slot_values = {k: _values(self.caps.slots[k]) for k in sorted(tracer.read_slots)}
         # Context classes over arguments then the captures the program reads.
         self.slot_ctx_class: list[tuple[int, int]] = []  # (slot, class)
+        self.one_ctx = False  # arguments and used captures all on one context
         self._vjp: dict[int, tuple[Program, list[int | None], list[Node]]] = {}
         self._lock = threading.Lock()
 
@@ -223,31 +224,37 @@ class _Entry:
         if found is None:
             return None
         for t, meta in zip(found, self.slot_meta):
-            if _meta(t) != meta:
+            node = t._node_
+            if node is None or meta is None or t._ctx.closed:
+                return None
+            v = node.value
+            if v.shape != meta[0] or v.strides != meta[1] or node.requires_grad != meta[2]:
                 return None
         for k, snapshot in self.slot_values.items():
             if not cap._same(_values(found[k]), snapshot):
                 return None
         # Captured tensors share contexts with the arguments as they did when traced.
-        ctx_of = {id(t._ctx): c for t, c in zip(args.tensors, args.ctx_class)}
-        for slot, cls in self.slot_ctx_class:
-            if ctx_of.setdefault(id(found[slot]._ctx), -1 - slot) != cls:
-                return None
+        scc = self.slot_ctx_class
+        if scc:
+            if self.one_ctx and args.tensors:  # the common case: everything on one context
+                ctx0 = args.tensors[0]._ctx
+                for slot, _ in scc:
+                    if found[slot]._ctx is not ctx0:
+                        return None
+            else:
+                ctx_of = {id(t._ctx): c for t, c in zip(args.tensors, args.ctx_class)}
+                for slot, cls in scc:
+                    if ctx_of.setdefault(id(found[slot]._ctx), -1 - slot) != cls:
+                        return None
         return found
 
     # -- running ---------------------------------------------------------------------
 
     def bound(self, args: _Args, found: list[Any]) -> list[Node]:
         """The node each program input reads at this call."""
-        out = []
-        for kind, v in self.bindings:
-            if kind == "arg":
-                out.append(args.tensors[v]._node)
-            elif kind == "slot":
-                out.append(found[v]._node)
-            else:
-                out.append(v)
-        return out
+        tensors = args.tensors
+        return [tensors[v]._node if kind == "arg" else found[v]._node if kind == "slot" else v
+                for kind, v in self.bindings]
 
     def vjp(self, j: int) -> tuple[Program, list[int | None], list[Node]]:
         """The backward program of output ``j`` (built on first use).
@@ -436,6 +443,8 @@ class Compiled:
             if kind == "slot":
                 c = ctx_class.setdefault(id(tracer.caps.slots[v]._ctx), -1 - v)
                 entry.slot_ctx_class.append((v, c))
+        entry.one_ctx = all(c == 0 for c in a.ctx_class) and all(
+            c == 0 for _, c in entry.slot_ctx_class)
         return entry
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -9,7 +9,6 @@ buffers and executes the steps.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +80,8 @@ class Step:
     built: BuiltKernel | None = None
     kernel: kcache.Kernel | None = None
     gemm: Any = None               # contract: the GEMM plan decided from traced layouts
+    in_slots: tuple[int, ...] = () # kernel: the buffer slot of each input
+    tail: tuple[Any, ...] = ()     # kernel: its integer, loop-size and parameter arguments
 
 
 class Program:
@@ -208,6 +209,11 @@ class Program:
                     slot = self.slot[sid]
                     dtype, count = self.slot_meta[slot]
                     free.setdefault((dtype.str, count), []).append(slot)
+        for st in self.steps:
+            if st.kind == "kernel":
+                b = st.built
+                st.in_slots = tuple(self.slot[id(v.value.storage)] for v in b.inputs)
+                st.tail = (*b.int_args, *b.loop_sizes, *b.params)
         for o in self.outputs:
             sid = id(o.value.storage)
             if sid not in self.slot:  # an output that is a const captured by the trace
@@ -215,11 +221,12 @@ class Program:
                 self.slot_meta.append((o.value.dtype.storage, 0))
                 self.const_slots.append((self.slot[sid], self.owner[sid]))
         # Per input: the element count its traced strided views read (0: none).
-        self.input_need = [getattr(n.value.storage, "need", 0) for n in self.inputs]
+        self.input_need = [(k, need) for k, n in enumerate(self.inputs)
+                           if (need := getattr(n.value.storage, "need", 0))]
         # Intermediate buffers, one set per concurrent run: a run takes a set (or makes
         # one) and gives it back, so threads calling one program never share scratch.
+        # (list.pop/append are atomic: no lock needed.)
         self._scratch_free: list[dict[int, np.ndarray]] = []
-        self._scratch_lock = threading.Lock()
 
     # -- running -------------------------------------------------------------------
 
@@ -229,18 +236,21 @@ class Program:
         Safe to call from several threads at once: each run has its own
         buffer table and intermediate buffers.
         """
+        for k, need in self.input_need:
+            a = args[k]
+            size = a.storage.buf.size
+            if a.offset + need > size:
+                raise InvalidDataLength(extent_message(a.offset + need - 1, size))
         bufs: list[Any] = [None] * len(self.slot_meta)
         for k, a in enumerate(args):
-            buf = a.storage.buf
-            need = self.input_need[k]
-            if need and a.offset + need > buf.size:
-                raise InvalidDataLength(extent_message(a.offset + need - 1, buf.size))
-            bufs[k] = buf[a.offset:]
+            bufs[k] = a.storage.buf[a.offset:] if a.offset else a.storage.buf
         for slot, node in self.const_slots:
             v = node.value
             bufs[slot] = v.storage.buf[v.offset:] if v.offset else v.storage.buf
-        with self._scratch_lock:
-            scratch = self._scratch_free.pop() if self._scratch_free else {}
+        try:
+            scratch = self._scratch_free.pop()
+        except IndexError:
+            scratch = {}
         try:
             for st in self.steps:
                 if st.kind == "kernel":
@@ -250,9 +260,8 @@ class Program:
                 else:
                     self._check(st.node, bufs)
         finally:
-            with self._scratch_lock:
-                if len(self._scratch_free) < _SCRATCH_SETS:
-                    self._scratch_free.append(scratch)
+            if len(self._scratch_free) < _SCRATCH_SETS:
+                self._scratch_free.append(scratch)
         results = []
         for o in self.outputs:
             sid = id(o.value.storage)
@@ -287,8 +296,7 @@ class Program:
     def _launch(self, st: Step, bufs: list[Any], scratch: dict[int, np.ndarray]) -> None:
         b = st.built
         outs = [self._buffer(bufs, n, scratch) for n in b.outputs]
-        ins = [bufs[self.slot[id(v.value.storage)]] for v in b.inputs]
-        st.kernel(*outs, *ins, *b.int_args, *b.loop_sizes, *b.params)
+        st.kernel(*outs, *[bufs[k] for k in st.in_slots], *st.tail)
 
     def _arrays(self, n: Node, bufs: list[Any]) -> list[np.ndarray]:
         return [_view(bufs[self.slot[id(v.value.storage)]], v.value) for v in n.inputs]
