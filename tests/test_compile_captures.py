@@ -167,6 +167,10 @@ def test_integer_tensor_indices_are_traced_inputs(ctx):
     i2 = I64.from_slice(ctx, (2,), [1, 1])
     np.testing.assert_array_equal(fast(x, i2).numpy(), [[3, 4], [3, 4]])
     assert fast.cache_size() == 1
+    gather = F.compile(lambda x, i: x.gather("r", i, "k"))
+    np.testing.assert_array_equal(gather(x, i1).numpy(), [[5, 6], [1, 2]])
+    np.testing.assert_array_equal(gather(x, i2).numpy(), [[3, 4], [3, 4]])
+    assert gather.cache_size() == 1
     idx = F.Tensor("r", "c", dtype="i64").from_slice(ctx, (1, 2), [[2, 0]])
     take = F.compile(lambda x: x.take_along_axis("r", idx))  # a captured index tensor
     np.testing.assert_array_equal(take(x).numpy(), [[5, 2]])

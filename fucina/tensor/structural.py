@@ -27,6 +27,7 @@ from ..ir.execute import emit
 from ..ir.graph import Node, leaf
 from ..runtime.raw import RawTensor
 from .base import (
+    Tensor,
     align_node,
     check_tensor,
     host_indices,
@@ -95,7 +96,9 @@ def stack(self: Any, new_tag: str, axis_index: int, others: Sequence[Any]) -> An
 
 @method
 def gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
-    """Rows ``indices`` along ``tag`` (host ints), the axis retagged ``out_tag``."""
+    """Rows ``indices`` along ``tag`` (host ints or an i64 tensor), retagged ``out_tag``."""
+    if isinstance(indices, Tensor):  # a traced value under compile: never a retrace
+        return index_select(self, tag, indices, out_tag)
     i = T.index(self.axis_tags, tag)
     out = T.replace_tag(self.axis_tags, tag, out_tag)
     idx = host_indices(indices, self._node.shape[i], tag)
