@@ -40,15 +40,17 @@ LIBRARY_PACKAGES = frozenset({
     "fucina", "numpy", "numba", "llvmlite", "torch", "scipy", "gguf", "safetensors",
     "tokenizers", "hypothesis", "pytest", "_pytest", "pluggy", "typing_extensions",
 }) | frozenset(sys.stdlib_module_names)
+#: Bounds of one walk: path length, and objects looked into.
 MAX_DEPTH = 16
 MAX_OBJECTS = 20000
-_NAME_ROUNDS = 6
+_NAME_ROUNDS = 6  # walks repeated while newly reached code mentions new attribute names
 
 #: Internal objects never looked into (contexts, IR nodes, raw tensors, storages).
 _OPAQUE = frozenset({ExecContext, Node, RawTensor, Storage})
 
-_PRIMITIVES = (int, float, complex, str, bytes, bool, type(None), slice, range, enum.Enum,
-               np.generic)
+#: Values guarded by equality (a compiled call retraces when one differs).
+PRIMITIVES = (int, float, complex, str, bytes, bool, type(None), slice, range, enum.Enum,
+              np.generic)
 
 Step = tuple[str, Any]
 Path = tuple[Step, ...]
@@ -135,7 +137,7 @@ def describe(path: Path) -> str:
 # -- snapshots and comparisons ---------------------------------------------------------
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     """Equal as values the trace could depend on (type included; NaN equals NaN)."""
     if a is b:
         return True
@@ -145,7 +147,7 @@ def _same(a: Any, b: Any) -> bool:
         return (a.shape == b.shape and a.dtype == b.dtype
                 and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")))
     if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     try:
         if a == b:
             return True
@@ -170,14 +172,14 @@ class Check:
         if kind == "type":
             return type(obj) is v
         if kind == "eq":
-            return _same(obj, v)
+            return same_value(obj, v)
         if kind == "seq":  # (type, items, item types): a C-speed compare first
             typ, items, types_ = v
             if type(obj) is not typ:
                 return False
             if obj == items and tuple(map(type, obj)) == types_:
                 return True
-            return _same(list(obj), list(items)) if len(obj) == len(items) else False
+            return same_value(list(obj), list(items)) if len(obj) == len(items) else False
         if kind == "len":
             typ, n = v
             return type(obj) is typ and len(obj) == n
@@ -338,7 +340,7 @@ class _Walker:
             caps.add_check(path, Check("type", type(obj)))
             caps.add_tensor(path, obj)
             return
-        if isinstance(obj, _PRIMITIVES):
+        if isinstance(obj, PRIMITIVES):
             caps.add_check(path, Check("eq", obj))
             return
         if isinstance(obj, (ExecContext, type, types.ModuleType)) and not (
@@ -366,7 +368,7 @@ class _Walker:
         elif isinstance(obj, dict):
             self._dict(obj, path, depth)
         elif isinstance(obj, (set, frozenset)):
-            if all(isinstance(x, _PRIMITIVES) for x in obj):
+            if all(isinstance(x, PRIMITIVES) for x in obj):
                 caps.add_check(path, Check("eq", frozenset(obj) if isinstance(obj, frozenset)
                                            else set(obj)))
         elif isinstance(obj, types.FunctionType):
@@ -390,7 +392,7 @@ class _Walker:
             self._instance(obj, path, depth)
 
     def _sequence(self, obj: list[Any] | tuple[Any, ...], path: Path, depth: int) -> None:
-        if all(isinstance(x, _PRIMITIVES) for x in obj):
+        if all(isinstance(x, PRIMITIVES) for x in obj):
             self.caps.add_check(path, Check("seq", (type(obj), tuple(obj),
                                                     tuple(map(type, obj)))))
             return
@@ -400,9 +402,9 @@ class _Walker:
 
     def _dict(self, obj: dict[Any, Any], path: Path, depth: int) -> None:
         keys = tuple(obj)
-        if not all(isinstance(k, _PRIMITIVES) for k in keys):
+        if not all(isinstance(k, PRIMITIVES) for k in keys):
             return  # keys the guard cannot compare by value: not tracked
-        if all(isinstance(v, _PRIMITIVES) for v in obj.values()):
+        if all(isinstance(v, PRIMITIVES) for v in obj.values()):
             self.caps.add_check(path, Check("eq", dict(obj)))
             return
         self.caps.add_check(path, Check("keys", keys))

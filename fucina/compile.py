@@ -134,7 +134,6 @@ class _Tracer:
 
     def __init__(self, caps: cap.Captures):
         self.caps = caps
-        self.nodes: list[Node] = []
         self.grads: list[tuple[Node, Node]] = []
         self.inputs: list[Node] = []
         # Per input: ("arg", k) tensor argument k, ("slot", k) capture slot k (read through
@@ -144,7 +143,7 @@ class _Tracer:
         self.read_slots: set[int] = set()
 
     def record(self, node: Node) -> None:
-        self.nodes.append(node)
+        """Nothing to keep: the program is reached from its outputs."""
 
     def gradient(self, leaf_: Node, grad: Node) -> None:
         self.grads.append((leaf_, grad))
@@ -191,7 +190,7 @@ class _Entry:
 
     def __init__(self, program: Program, tracer: _Tracer, structure: Any,
                  out_nodes: list[Node], out_types: list[type], out_ctx: list[tuple[str, Any]],
-                 grad_targets: list[Any], n_args: int):
+                 grad_targets: list[Any]):
         self.program = program
         self.caps = tracer.caps
         self.bindings = tracer.bindings
@@ -202,7 +201,6 @@ class _Entry:
         self.out_ctx = out_ctx
         self.out_rg = [n.requires_grad for n in out_nodes]
         self.grad_targets = grad_targets  # per gradient output: an input index or a node
-        self.n_args = n_args
         self.diff = [k for k, n in enumerate(self.inputs) if n.requires_grad]
         # What the trace saw of every captured tensor, and of the ones whose values it read.
         self.slot_meta = [_meta(t) for t in self.caps.slots]
@@ -231,7 +229,7 @@ class _Entry:
             if v.shape != meta[0] or v.strides != meta[1] or node.requires_grad != meta[2]:
                 return None
         for k, snapshot in self.slot_values.items():
-            if not cap._same(_values(found[k]), snapshot):
+            if not cap.same_value(_values(found[k]), snapshot):
                 return None
         # Captured tensors share contexts with the arguments as they did when traced.
         scc = self.slot_ctx_class
@@ -388,7 +386,7 @@ class Compiled:
         self._check_params(args, kwargs)
         roots: list[tuple[cap.Step, Any]] = [(("root", 0), self.fn)]
         roots += [(("arg", k), s) for k, s in enumerate(a.statics)
-                  if not isinstance(s, cap._PRIMITIVES)]
+                  if not isinstance(s, cap.PRIMITIVES)]
         tracer = _Tracer(cap.discover(roots))
         sym = []
         for k, t in enumerate(a.tensors):
@@ -436,8 +434,7 @@ class Compiled:
             if kind == "slot":
                 ctx_rep.setdefault(id(tracer.caps.slots[v]._ctx), ("slot", v))
         out_ctx = [ctx_rep.get(id(c), ("fixed", c)) for c in out_ctx_objs]
-        entry = _Entry(program, tracer, structure, flat, out_types, out_ctx, targets,
-                       len(a.tensors))
+        entry = _Entry(program, tracer, structure, flat, out_types, out_ctx, targets)
         ctx_class = {id(t._ctx): c for t, c in zip(a.tensors, a.ctx_class)}
         for kind, v in tracer.bindings:
             if kind == "slot":

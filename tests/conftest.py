@@ -18,7 +18,7 @@ import fucina
 class _BlockTorch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201
         if name == "torch" or name.startswith("torch."):
-            raise ImportError(f"{name} is blocked by FUCINA_TESTS_WITHOUT_TORCH")
+            raise ModuleNotFoundError(f"{name} is blocked by FUCINA_TESTS_WITHOUT_TORCH")
         return None
 
 
