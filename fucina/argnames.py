@@ -20,7 +20,7 @@ _PACKAGE = __name__.split(".")[0]
 def _fucina_frames() -> list[FrameType]:
     """Frames of this package from the innermost caller outward, up to user code."""
     frames: list[FrameType] = []
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         name = f.f_globals.get("__name__", "")
         if name != _PACKAGE and not name.startswith(_PACKAGE + "."):

@@ -62,6 +62,10 @@ if TYPE_CHECKING:
 class _TensorMeta(type):
     """Calling ``Tensor(spec)`` builds (or fetches) a concrete tensor type."""
 
+    if TYPE_CHECKING:  # None on the root and the mixins, set on every tensor type
+        axis_tags: tuple[str, ...]
+        dtype: DType
+
     def __call__(cls, *spec: Any, tags: Any = None, dtype: Any = None, rank: Any = None) -> Any:
         if cls is not Tensor:
             if cls.axis_tags is not None:
@@ -109,50 +113,59 @@ class Tensor(metaclass=_TensorMeta):
     _scoped: bool
 
     if TYPE_CHECKING:
-        # What a type checker should see for ``fucina.Tensor(spec)``: the branch class
-        # of the dtype (the metaclass builds the concrete subclass at run time).
-        @overload  # type: ignore[misc]
-        def __new__(cls, *spec: _Spec, tags: _Tags = None,
-                    dtype: Literal["f32", DType.f32] | None = None,
-                    rank: int | None = None) -> type[F32Tensor]: ...
-
-        @overload  # type: ignore[misc]
-        def __new__(cls, *spec: _Spec, tags: _Tags = None,
-                    dtype: Literal["f16", "bf16", DType.f16, DType.bf16],
-                    rank: int | None = None) -> type[HalfTensor]: ...
-
-        @overload  # type: ignore[misc]
-        def __new__(cls, *spec: _Spec, tags: _Tags = None,
-                    dtype: Literal["f64", DType.f64], rank: int | None = None,
-                    ) -> type[F64Tensor]: ...
-
-        @overload  # type: ignore[misc]
-        def __new__(cls, *spec: _Spec, tags: _Tags = None,
-                    dtype: Literal["i64", DType.i64], rank: int | None = None,
-                    ) -> type[I64Tensor]: ...
-
-        @overload  # type: ignore[misc]
-        def __new__(cls, *spec: _Spec, tags: _Tags = None,
-                    dtype: Literal["u8", "u16", "i8", "i16", "i32", DType.u8, DType.u16,
-                                   DType.i8, DType.i16, DType.i32],
-                    rank: int | None = None) -> type[IntTensor]: ...
-
-        @overload  # type: ignore[misc]
-        def __new__(cls, *spec: _Spec, tags: _Tags = None,
-                    dtype: Literal["bool", DType.bool], rank: int | None = None,
-                    ) -> type[BoolTensor]: ...
-
-        @overload  # type: ignore[misc]
-        def __new__(cls, *spec: _Spec, tags: _Tags = None,
-                    dtype: Literal["f8_e4m3", "f8_e5m2", DType.f8_e4m3, DType.f8_e5m2],
-                    rank: int | None = None) -> type[F8Tensor]: ...
+        # What a type checker sees for ``fucina.Tensor(spec)``: the branch class of the
+        # dtype (at run time the metaclass returns a cached subclass of that branch).
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["f32", DType.f32] | None = None,
+        ) -> type[F32Tensor]: ...
 
         @overload
-        def __new__(cls, *spec: _Spec, tags: _Tags = None, dtype: DType | str,
-                    rank: int | None = None) -> Any: ...
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["f16", "bf16", DType.f16, DType.bf16],
+        ) -> type[HalfTensor]: ...
 
-        def __new__(cls, *spec: Any, tags: Any = None, dtype: Any = None,
-                    rank: Any = None) -> Any: ...
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["f64", DType.f64],
+        ) -> type[F64Tensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["i64", DType.i64],
+        ) -> type[I64Tensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["u8", "u16", "i8", "i16", "i32", DType.u8, DType.u16, DType.i8,
+                           DType.i16, DType.i32],
+        ) -> type[IntTensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["bool", DType.bool],
+        ) -> type[BoolTensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["f8_e4m3", "f8_e5m2", DType.f8_e4m3, DType.f8_e5m2],
+        ) -> type[F8Tensor]: ...
+
+        @overload
+        def __new__(
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: DType | str,
+        ) -> Any: ...
+
+        def __new__(cls, *spec: Any, tags: Any = None, rank: Any = None,
+                    dtype: Any = None) -> Any: ...
 
     # -- plumbing shared by every op ------------------------------------------
 

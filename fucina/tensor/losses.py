@@ -60,7 +60,7 @@ class Losses(Tensor):
             raise IndexOutOfBounds(f"label {int(lab[np.argmax(bad)])} out of range for "
                                    f"{class_tag!r} of size {k}")
         # Target distribution q (class axis last while building, then moved into place).
-        q = np.full((positions, k), label_smoothing / k, dtype=np.float32)
+        q: np.ndarray = np.full((positions, k), label_smoothing / k, dtype=np.float32)
         keep = ~ignored
         q[np.arange(positions)[keep], lab[keep]] += 1.0 - label_smoothing
         q[ignored] = 0.0

@@ -105,8 +105,9 @@ def _float_reduction(self: Any, tag: str | None, build: Callable[[Node, tuple[in
                      ) -> Any:
     """Widen, reduce over ``tag`` (None: every axis) with ``build``, keep the f32 result."""
     forward_only(self)
+    out_tags: tuple[str, ...] = ()
     if tag is None:
-        axes, out_tags = _all_axes(self), ()
+        axes = _all_axes(self)
     else:
         axes = (_axis(self, tag),)
         out_tags = T.remove_tags(self.axis_tags, (tag,))
@@ -147,8 +148,9 @@ def _truth_count(self: Any, axes: tuple[int, ...]) -> Node:
 
 
 def _any_all(self: Any, tag: str | None, want_all: bool) -> Any:
+    out_tags: tuple[str, ...] = ()
     if tag is None:
-        axes, out_tags = _all_axes(self), ()
+        axes = _all_axes(self)
     else:
         axes = (_axis(self, tag),)
         out_tags = T.remove_tags(self.axis_tags, (tag,))
