@@ -39,7 +39,7 @@ def _pick(name: str, fallback):  # noqa: ANN001, ANN202 - numba dispatchers
     """``vecmath.<name>`` when that module defines it, else ``fallback``."""
     try:
         from . import vecmath
-    except Exception:  # noqa: BLE001 - vecmath is optional; any import failure falls back
+    except ImportError:  # vecmath is optional: without it the scalar forms run
         return fallback
     return getattr(vecmath, name, fallback)
 
@@ -283,17 +283,10 @@ def fast_tanh_grad(x):  # noqa: ANN001, ANN201
 
 
 @njit(**_INLINE)
-def _gelu_ref(x):  # noqa: ANN001, ANN202
-    u = _SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)
-    return _FHALF * x * (_F1 + _tanh(u))
-
-
-@njit(**_INLINE)
 def _gelu_erf_ref(x):  # noqa: ANN001, ANN202
     return _FHALF * x * (_F1 + _erf(x * _INV_SQRT2))
 
 
-_gelu = _pick("gelu_tanh_f32", _gelu_ref)
 _gelu_erf = _pick("gelu_erf_f32", _gelu_erf_ref)
 
 
