@@ -15,6 +15,8 @@ from __future__ import annotations
 import numbers
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import tags as T
 from ..dtypes import DType, reduction_dtype
 from ..errors import ShapeMismatch, TagError, UnsupportedGradient
@@ -143,6 +145,17 @@ def _logical(self: Any, other: Any, fn: str) -> Any:
     return result(self, self.axis_tags, node, DType.bool)
 
 
+def _foreign(other: object, op: str) -> Any:
+    """An operator's answer to an operand that is neither a tensor nor a number:
+    numpy arrays get a TypeError that says how to convert, anything else
+    NotImplemented (so Python tries the other operand's reflected operator)."""
+    if isinstance(other, np.ndarray):
+        raise TypeError(
+            f"'{op}' between a fucina tensor and a numpy array: make the array a tensor "
+            f"(T.from_numpy(ctx, array)) or the tensor an array (np.asarray(x))")
+    return NotImplemented
+
+
 def _no_scalar(self: Any, op: str) -> TypeError:
     return TypeError(
         f"'{op}' on {self.dtype.value} tensors takes another {self.dtype.value} tensor; "
@@ -198,48 +211,48 @@ class FloatArithmetic(Tensor):
             return binary(self, other, "add")
         if _is_number(other):
             return scalar_op(self, "add", other)
-        return NotImplemented
+        return _foreign(other, "+")
 
     def __radd__(self, other: float) -> Self:
         if _is_number(other):
             return scalar_op(self, "add", other)
-        return NotImplemented
+        return _foreign(other, "+")
 
     def __sub__(self, other: Tensor | float) -> Self:
         if isinstance(other, Tensor):
             return binary(self, other, "sub")
         if _is_number(other):
             return scalar_op(self, "add", -other)
-        return NotImplemented
+        return _foreign(other, "-")
 
     def __rsub__(self, other: float) -> Self:
         if _is_number(other):
             return scalar_op(self, "rsub", other)
-        return NotImplemented
+        return _foreign(other, "-")
 
     def __mul__(self, other: Tensor | float) -> Self:
         if isinstance(other, Tensor):
             return binary(self, other, "mul")
         if _is_number(other):
             return scalar_op(self, "mul", other)
-        return NotImplemented
+        return _foreign(other, "*")
 
     def __rmul__(self, other: float) -> Self:
         if _is_number(other):
             return scalar_op(self, "mul", other)
-        return NotImplemented
+        return _foreign(other, "*")
 
     def __truediv__(self, other: Tensor | float) -> Self:
         if isinstance(other, Tensor):
             return binary(self, other, "div")
         if _is_number(other):
             return scalar_op(self, "div", other)
-        return NotImplemented
+        return _foreign(other, "/")
 
     def __rtruediv__(self, other: float) -> Self:
         if _is_number(other):
             return scalar_op(self, "rdiv", other)
-        return NotImplemented
+        return _foreign(other, "/")
 
 
 # -- f32 / f16 / bf16 scalar forms ------------------------------------------------------------
