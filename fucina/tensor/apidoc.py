@@ -50,7 +50,7 @@ def _first_line(cls: type) -> int:
     lines = [getattr(v, "__func__", v).__code__.co_firstlineno for v in vars(cls).values()
              if inspect.isfunction(getattr(v, "__func__", v))]
     lines += [v.fget.__code__.co_firstlineno for v in vars(cls).values()
-              if isinstance(v, property)]
+              if isinstance(v, property) and inspect.isfunction(v.fget)]
     return min(lines, default=0)
 
 
