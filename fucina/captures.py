@@ -151,7 +151,7 @@ def same_value(a: Any, b: Any) -> bool:
     try:
         if a == b:
             return True
-    except Exception:  # noqa: BLE001 - an uncomparable value is a changed value
+    except Exception:
         return False
     return isinstance(a, (float, complex, np.floating)) and a != a and b != b
 
@@ -285,7 +285,7 @@ class Captures:
                         obj = src[key]
                     else:
                         obj = step(src, (kind, key))
-                except Exception:  # noqa: BLE001 - a path that no longer resolves: retrace
+                except Exception:
                     return None
             for c in checks:
                 kind = c.kind

@@ -189,7 +189,7 @@ class _Entry:
     """One traced signature: its program, how to bind inputs and rebuild outputs."""
 
     def __init__(self, program: Program, tracer: _Tracer, structure: Any,
-                 out_nodes: list[Node], out_types: list[type], out_ctx: list[tuple[str, Any]],
+                 out_nodes: list[Node], out_types: list[Any], out_ctx: list[tuple[str, Any]],
                  grad_targets: list[Any]):
         self.program = program
         self.caps = tracer.caps
@@ -353,13 +353,17 @@ class Compiled:
         self._hints: dict[str, Any] | None = None
         _LIVE.add(self)
 
+    @property
+    def _name(self) -> str:
+        return getattr(self.fn, "__name__", type(self.fn).__name__)
+
     # -- annotations -----------------------------------------------------------------
 
     def _annotations(self) -> dict[str, Any]:
         if self._hints is None:
             try:
                 self._hints = typing.get_type_hints(self.fn)
-            except Exception:  # noqa: BLE001 - unresolvable hints are simply not checked
+            except Exception:
                 self._hints = {}
         return self._hints
 
@@ -372,13 +376,13 @@ class Compiled:
             ann = hints.get(name)
             if _is_tensor_type(ann) and type(value) is not ann:
                 raise TagError(
-                    f"{self.__name__}: parameter {name!r} is annotated {ann!r}, "
+                    f"{self._name}: parameter {name!r} is annotated {ann!r}, "
                     f"got {type(value)!r}")
 
     def _check_return(self, out: Any) -> None:
         ann = self._annotations().get("return")
         if _is_tensor_type(ann) and type(out) is not ann:
-            raise TagError(f"{self.__name__}: return is annotated {ann!r}, got {type(out)!r}")
+            raise TagError(f"{self._name}: return is annotated {ann!r}, got {type(out)!r}")
 
     # -- tracing ---------------------------------------------------------------------
 
@@ -396,7 +400,7 @@ class Compiled:
             sym.append(type(t)._from_node(inp, t._ctx))
         sargs, skw = a.rebuild(args, kwargs, sym)
         flat: list[Node] = []
-        out_types: list[type] = []
+        out_types: list[Any] = []
         out_ctx_objs: list[ExecContext] = []
 
         def flatten(o: Any) -> Any:
@@ -506,7 +510,7 @@ class Compiled:
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
         if current_tracer() is not None:
-            raise TypeError(f"{self.__name__}.ir()/.kernels() need concrete arguments, "
+            raise TypeError(f"{self._name}.ir()/.kernels() need concrete arguments, "
                             "not tensors being traced")
         return self._lookup(args, kwargs)[0]
 
@@ -527,7 +531,7 @@ class Compiled:
     def kernels(self, *args: Any, **kwargs: Any) -> list[Kernel]:
         """The generated kernels the program runs for these arguments, in order."""
         prog = self._entry(args, kwargs).program
-        return [st.kernel for st in prog.steps if st.kind == "kernel"]
+        return [st.kernel for st in prog.steps if st.kernel is not None]
 
     def cache_size(self) -> int:
         """Traced programs this function holds (all signatures and guard variants)."""
@@ -556,7 +560,7 @@ def _rebuild(s: Any, outs: list[Any]) -> Any:
     return tag(_rebuild(x, outs) for x in payload)
 
 
-def compile(fn: Callable[..., Any]) -> Compiled:  # noqa: A001 - the public name
+def compile(fn: Callable[..., Any]) -> Compiled:
     """Trace ``fn`` per input signature into an optimized program of fused kernels."""
     return Compiled(fn)
 

@@ -16,7 +16,7 @@ import fucina
 
 
 class _BlockTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201
+    def find_spec(self, name, path, target=None):
         if name == "torch" or name.startswith("torch."):
             raise ModuleNotFoundError(f"{name} is blocked by FUCINA_TESTS_WITHOUT_TORCH")
         return None

@@ -26,7 +26,7 @@ def test_rebinding_a_closure_tensor_is_seen_without_a_retrace(ctx):
     x = _vec(ctx, [2.0, 2.0, 2.0])
     fast = F.compile(lambda x: x.mul(w).sum_all())
     assert fast(x).item() == 12.0
-    w = _vec(ctx, [5.0, 10.0, 15.0])  # noqa: F841 - read through the closure cell
+    w = _vec(ctx, [5.0, 10.0, 15.0])  # read through the closure cell
     assert fast(x).item() == 60.0
     assert fast.cache_size() == 1  # no retrace: w is a program input
     assert "captured" in fast.ir(x)
@@ -133,7 +133,7 @@ def test_captured_python_values_are_guarded(ctx):
     np.testing.assert_array_equal(fast(x).numpy(), [4, 5])
     name = "scale"
     np.testing.assert_array_equal(fast(x).numpy(), [3, 6])
-    shape = (1, 2)  # noqa: F841 - a new static shape: retraced, and the tag check runs again
+    shape = (1, 2)  # a new static shape: retraced, and the shape check runs again
     with pytest.raises(F.InvalidShape):
         fast(x)
     GLOBAL_SCALE = 2.0

@@ -122,7 +122,7 @@ def test_captures_of_an_inlined_function_stay_live(ctx):
     outer = F.compile(lambda x: holder["inner"](x).sum_all())
     x = T.from_slice(ctx, (2,), [1.0, 1.0])
     assert outer(x).item() == 3.0
-    w = T.from_slice(ctx, (2,), [10.0, 20.0])  # noqa: F841 - read through inner's closure
+    w = T.from_slice(ctx, (2,), [10.0, 20.0])  # read through inner's closure
     assert outer(x).item() == 30.0
     assert outer.cache_size() == 1
 

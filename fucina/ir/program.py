@@ -52,9 +52,10 @@ def _cse(order: list[Node], outputs: list[Node]) -> tuple[list[Node], list[Node]
             ins = tuple(canon.get(id(i), i) for i in n.inputs)
             if any(a is not b for a, b in zip(ins, n.inputs)):
                 rebuilt = Node(n.op, ins, n.attrs, n.value, n.tags, n.requires_grad)
-                if OPS[n.op].is_view:
+                layout = OPS[n.op].layout
+                if layout is not None:
                     # A view's layout is relative to its input's storage: re-derive it.
-                    rebuilt.value = OPS[n.op].layout(ins[0].value, n.attrs)
+                    rebuilt.value = layout(ins[0].value, n.attrs)
                 n2 = rebuilt
             else:
                 n2 = n
@@ -82,6 +83,22 @@ class Step:
     gemm: Any = None               # contract: the GEMM plan decided from traced layouts
     in_slots: tuple[int, ...] = () # kernel: the buffer slot of each input
     tail: tuple[Any, ...] = ()     # kernel: its integer, loop-size and parameter arguments
+
+
+def _step_outputs(st: Step) -> list[Node]:
+    if st.kind == "kernel":
+        assert st.built is not None
+        return st.built.outputs
+    assert st.node is not None
+    return [st.node] if st.kind == "ref" else []  # a check step produces nothing
+
+
+def _step_inputs(st: Step) -> list[Node]:
+    if st.kind == "kernel":
+        assert st.built is not None
+        return st.built.inputs
+    assert st.node is not None
+    return list(st.node.inputs)
 
 
 class Program:
@@ -172,11 +189,10 @@ class Program:
         self.const_slots: list[tuple[int, Node]] = []
         produced: list[list[Node]] = []
         for st in self.steps:
-            produced.append(st.built.outputs if st.kind == "kernel" else
-                            [st.node] if st.kind == "ref" else [])
+            produced.append(_step_outputs(st))
         last_use: dict[int, int] = {}
         for k, st in enumerate(self.steps):
-            reads = st.built.inputs if st.kind == "kernel" else list(st.node.inputs)
+            reads = _step_inputs(st)
             for v in reads:
                 last_use[id(v.value.storage)] = k
         keep = {id(o.value.storage) for o in self.outputs}
@@ -184,7 +200,7 @@ class Program:
         free: dict[tuple[str, int], list[int]] = {}
         self.fresh_slots: set[int] = set()
         for k, st in enumerate(self.steps):
-            reads = st.built.inputs if st.kind == "kernel" else list(st.node.inputs)
+            reads = _step_inputs(st)
             for v in reads:
                 sid = id(v.value.storage)
                 if sid not in self.slot:
@@ -211,7 +227,7 @@ class Program:
                     free.setdefault((dtype.str, count), []).append(slot)
         for st in self.steps:
             if st.kind == "kernel":
-                b = st.built
+                b: Any = st.built
                 st.in_slots = tuple(self.slot[id(v.value.storage)] for v in b.inputs)
                 st.tail = (*b.int_args, *b.loop_sizes, *b.params)
         for o in self.outputs:
@@ -238,15 +254,17 @@ class Program:
         """
         for k, need in self.input_need:
             a = args[k]
-            size = a.storage.buf.size
+            size = a.storage.buf.size  # type: ignore[union-attr]  # arguments are concrete
             if a.offset + need > size:
                 raise InvalidDataLength(extent_message(a.offset + need - 1, size))
         bufs: list[Any] = [None] * len(self.slot_meta)
         for k, a in enumerate(args):
-            bufs[k] = a.storage.buf[a.offset:] if a.offset else a.storage.buf
-        for slot, node in self.const_slots:
-            v = node.value
-            bufs[slot] = v.storage.buf[v.offset:] if v.offset else v.storage.buf
+            buf: Any = a.storage.buf  # arguments and constants are concrete
+            bufs[k] = buf[a.offset:] if a.offset else buf
+        for slot, const in self.const_slots:
+            v = const.value
+            buf = v.storage.buf
+            bufs[slot] = buf[v.offset:] if v.offset else buf
         try:
             scratch = self._scratch_free.pop()
         except IndexError:
@@ -255,10 +273,12 @@ class Program:
             for st in self.steps:
                 if st.kind == "kernel":
                     self._launch(st, bufs, scratch)
-                elif st.kind == "ref":
-                    self._ref(st.node, bufs, scratch, st.gemm)
                 else:
-                    self._check(st.node, bufs)
+                    node: Any = st.node  # ref and check steps have a node
+                    if st.kind == "ref":
+                        self._ref(node, bufs, scratch, st.gemm)
+                    else:
+                        self._check(node, bufs)
         finally:
             if len(self._scratch_free) < _SCRATCH_SETS:
                 self._scratch_free.append(scratch)
@@ -294,9 +314,10 @@ class Program:
         return buf
 
     def _launch(self, st: Step, bufs: list[Any], scratch: dict[int, np.ndarray]) -> None:
-        b = st.built
+        b: Any = st.built  # a kernel step: built and kernel are set
+        kernel: Any = st.kernel
         outs = [self._buffer(bufs, n, scratch) for n in b.outputs]
-        st.kernel(*outs, *[bufs[k] for k in st.in_slots], *st.tail)
+        kernel(*outs, *[bufs[k] for k in st.in_slots], *st.tail)
 
     def _arrays(self, n: Node, bufs: list[Any]) -> list[np.ndarray]:
         return [_view(bufs[self.slot[id(v.value.storage)]], v.value) for v in n.inputs]

@@ -14,6 +14,7 @@ can load, generated kernels are built serial, so concurrent calls stay safe.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import importlib.metadata
 import os
 import sys
@@ -35,7 +36,7 @@ def _tbb_candidates() -> list[Path]:
         dist = importlib.metadata.distribution("tbb")
         for f in dist.files or ():
             if f.name == name:
-                found.append(Path(dist.locate_file(f)).resolve())
+                found.append(Path(str(dist.locate_file(f))).resolve())
     except importlib.metadata.PackageNotFoundError:
         pass
     for prefix in dict.fromkeys((sys.prefix, sys.exec_prefix, sys.base_prefix)):
@@ -68,9 +69,7 @@ def _layer_loads(module: str) -> bool:
             from numba.np.ufunc import parallel
 
             parallel._check_tbb_version_compatible()
-            from numba.np.ufunc import tbbpool  # noqa: F401
-        else:
-            from numba.np.ufunc import omppool  # noqa: F401
+        importlib.import_module(f"numba.np.ufunc.{module}")
     except (ImportError, OSError):
         return False
     return True
@@ -78,7 +77,7 @@ def _layer_loads(module: str) -> bool:
 
 TBB_LIBRARY = preload_tbb()
 #: Whether a thread-safe layer (TBB or OpenMP) can run parallel kernels in this process.
-THREAD_SAFE = str(numba.config.THREADING_LAYER).lower() != "workqueue" and (
+THREAD_SAFE = str(getattr(numba.config, "THREADING_LAYER", "default")).lower() != "workqueue" and (
     _layer_loads("tbbpool") or _layer_loads("omppool"))
 
 
@@ -88,7 +87,7 @@ def intended_layer() -> str:
 
 
 @numba.njit(parallel=True, cache=True)
-def _probe(a):  # noqa: ANN001, ANN202 - launches the layer so it can be reported
+def _probe(a):
     for i in numba.prange(a.size):
         a[i] = i
     return a
