@@ -26,7 +26,7 @@ def test_quick_suite_runs_and_reports(capsys):
     assert [c.name.split()[-1] for c in quant] == ["q8_0", "q4_1", "q4_k", "q4_k"]
     for c in quant:  # the quantized weight moves fewer bytes than its f32 form
         assert c.notes["weight_MB"] < c.notes["f32_MB"] / 3
-        assert c.notes["max_rel_err"] < 1e-4
+        assert c.notes["max_rel_err"] < 2e-2  # GEMV rounds the activation to int8
     for c in cases:
         assert c.eager is None or c.eager > 0
         assert "max_abs_err_vs_numpy" not in c.notes or c.notes["max_abs_err_vs_numpy"] < 1e-5

@@ -112,7 +112,7 @@ def test_open_metadata_and_zero_copy_tensors(ctx: fucina.ExecContext, tmp_path: 
     np.testing.assert_array_equal(w.numpy(), [[1, 2, 3], [4, 5, 6]])
     # a quantized tensor from the file contracts directly
     x = fucina.Tensor("s", "i").from_slice(ctx, (1, 256), np.ones(256))
-    np.testing.assert_allclose(x.dot(q, "i").numpy(),
+    np.testing.assert_allclose(x.dot(q, "i").numpy(),  # ones quantize exactly to int8
                                tensors["q4k"].to("f32").numpy().sum(axis=1)[None], rtol=1e-5)
 
 
@@ -278,4 +278,5 @@ def test_smollm2_one_tensor_without_reading_the_file(ctx: fucina.ExecContext) ->
     np.testing.assert_array_equal(w.to("f32").numpy(), want)
     x = RNG.standard_normal((2, 576)).astype(np.float32)
     y = fucina.Tensor("s", "d").from_slice(ctx, (2, 576), x).dot(w, "d")
-    np.testing.assert_allclose(y.numpy(), x.astype(np.float64) @ want.T, rtol=1e-4, atol=1e-4)
+    exact = x.astype(np.float64) @ want.T  # int8 activations (ggml's scheme) round ~1e-3
+    np.testing.assert_allclose(y.numpy(), exact, atol=2e-2 * np.abs(exact).max())

@@ -50,7 +50,16 @@ def test_forward_and_input_gradient(ctx: fucina.ExecContext, fmt: str, m: int) -
     x = fucina.Tensor("seq", "in").variable_from_slice(ctx, (m, K), xv)
     y = x.dot(w, "in")
     assert y.axis_tags == ("seq", "out")
-    want = xv.astype(np.float64) @ wd.T
+    exact = xv.astype(np.float64) @ wd.T
+    if Q.uses_int8(fmt, m):
+        # integer kernels: the activation rounds to int8 per 32 (ggml's scheme) and the
+        # rest is exact; against the exact product the rounding costs < 2% of the max
+        xq, dx, _ = Q.quantize_rows_q8(xv)
+        xhat = (xq.reshape(m, -1, 32) * dx[:, :, None].astype(np.float64)).reshape(m, K)
+        want = xhat @ wd.T
+        np.testing.assert_allclose(y.numpy(), exact, atol=2e-2 * np.abs(exact).max())
+    else:
+        want = exact
     np.testing.assert_allclose(y.numpy(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
     gv = RNG.standard_normal((m, N)).astype(np.float32)
     y.backward_with_grad(fucina.Tensor("seq", "out").from_slice(ctx, (m, N), gv))
@@ -274,3 +283,26 @@ def test_kernels_without_the_facade() -> None:
     lhs = float((Q.qmatmul(x, blocks, "q4_k").astype(np.float64) * g).sum())
     rhs = float((x.astype(np.float64) * Q.qmatmul_t(g, blocks, "q4_k", K)).sum())
     assert abs(lhs - rhs) <= 1e-4 * abs(lhs)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "q4_k"])
+def test_exact_f32_gemv_kernels(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the f32 kernels these formats fall back to without AVX2 (or when switched off)
+    monkeypatch.setattr(Q, "INT8_ACTIVATIONS", False)
+    blocks = G.encode_f32(fmt, W_F32)
+    wd = _gguf_dequant(blocks, fmt).astype(np.float64)
+    for m in (1, 3):
+        assert not Q.uses_int8(fmt, m)
+        x = RNG.standard_normal((m, K)).astype(np.float32)
+        want = x.astype(np.float64) @ wd.T
+        np.testing.assert_allclose(Q.qmatmul(x, blocks, fmt), want, rtol=2e-5,
+                                   atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(not Q.AVX2, reason="the integer kernels need AVX2")
+def test_int8_activation_quantizer() -> None:
+    x = np.array([np.linspace(-1, 1, 32), np.zeros(32)], np.float32).reshape(1, 64)
+    xq, dx, xsum = Q.quantize_rows_q8(x)
+    assert dx[0, 0] == np.float32(1) / np.float32(127) and dx[0, 1] == 0
+    assert xq[0] == -127 and xq[31] == 127 and (xq[32:] == 0).all()
+    np.testing.assert_array_equal(xsum, [[int(xq[:32].astype(int).sum()), 0]])

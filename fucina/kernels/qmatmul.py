@@ -26,9 +26,11 @@ import numpy as np
 from numba import njit, prange
 
 from ..blocks import BLOCK_DTYPES
+from .qdot_avx2 import AVX2, dot_nibbles16, dot_nibbles32, dot_s8
 from .quant import dequantize
 
-__all__ = ["FUSED_FORMATS", "gemv_rows_max", "qmatmul", "qmatmul_t"]
+__all__ = ["FUSED_FORMATS", "PackedRhs", "decode_panel", "gemv_rows_max", "qmatmul", "qmatmul_t",
+           "quantize_rows_q8", "uses_int8"]
 
 F = np.float32
 U = np.uint64
@@ -38,6 +40,10 @@ F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float1
 
 #: Activation rows up to which the fused GEMV kernels run (above: panel decode + BLAS).
 GEMV_ROWS_MAX = 4
+
+#: Whether GEMV on AVX2 hosts quantizes the activation to int8 (ggml's integer dots) for
+#: the formats that have integer kernels; False keeps the exact-f32 kernels everywhere.
+INT8_ACTIVATIONS = True
 
 #: Target f32 bytes of one decoded weight panel (the GEMM path's scratch).
 PANEL_BYTES = 2 << 20
@@ -305,6 +311,101 @@ FUSED_FORMATS: frozenset[str] = frozenset(_GEMV)
 """Formats with fused GEMV kernels (every other block format uses decoded panels)."""
 
 
+# --- integer GEMV kernels (AVX2) -----------------------------------------------------------
+# The activation rows are quantized to int8 per 32 elements (xq, scale dx, code sums xsum);
+# w is the flat uint8 weight with rb bytes per row, out is [m, n]. Formats: q8_0, q4_0,
+# q4_1, q4_k (the bandwidth-critical ones); results carry the activation rounding, as
+# ggml's kernels do (about 1e-3 relative).
+
+
+@njit(inline="always")
+def _hb(tab, w, o):  # noqa: ANN001, ANN202 - f16 field at flat byte o
+    return tab[np.int64(w[o]) | (np.int64(w[o + 1]) << 8)]
+
+
+@njit(parallel=True, cache=True)
+def _igemv_q8_0(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
+    m, n, nb = out.shape[0], out.shape[1], k // 32
+    for r in prange(n):
+        for i in range(m):
+            acc = F(0)
+            for b in range(nb):
+                o = r * rb + 34 * b
+                acc += _hb(tab, w, o) * (dx[i, b] * F(dot_s8(w, o + 2, xq, i * k + 32 * b)))
+            out[i, r] = acc
+
+
+@njit(parallel=True, cache=True)
+def _igemv_q4_0(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
+    m, n, nb = out.shape[0], out.shape[1], k // 32
+    for r in prange(n):
+        for i in range(m):
+            acc = F(0)
+            for b in range(nb):
+                o = r * rb + 18 * b
+                s = dot_nibbles16(w, o + 2, xq, i * k + 32 * b) - 8 * xsum[i, b]
+                acc += _hb(tab, w, o) * (dx[i, b] * F(s))
+            out[i, r] = acc
+
+
+@njit(parallel=True, cache=True)
+def _igemv_q4_1(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
+    m, n, nb = out.shape[0], out.shape[1], k // 32
+    for r in prange(n):
+        for i in range(m):
+            acc = F(0)
+            for b in range(nb):
+                o = r * rb + 20 * b
+                s = dot_nibbles16(w, o + 4, xq, i * k + 32 * b)
+                acc += dx[i, b] * (_hb(tab, w, o) * F(s) + _hb(tab, w, o + 2) * F(xsum[i, b]))
+            out[i, r] = acc
+
+
+@njit(parallel=True, cache=True)
+def _igemv_q4_k(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
+    m, n, nb = out.shape[0], out.shape[1], k // 256
+    w2 = w.reshape(1, w.shape[0])  # for the shared 2-D scale decoder
+    for r in prange(n):
+        for i in range(m):
+            acc = F(0)
+            for b in range(nb):
+                o = r * rb + 144 * b
+                d = _hb(tab, w, o)
+                dmin = _hb(tab, w, o + 2)
+                for c in range(4):
+                    s1, m1 = _k4_scale_min(w2, 0, U(o + 4), 2 * c)
+                    s2, m2 = _k4_scale_min(w2, 0, U(o + 4), 2 * c + 1)
+                    sb = 8 * b + 2 * c
+                    xo = i * k + 256 * b + 64 * c
+                    i1 = dot_nibbles32(w, o + 16 + 32 * c, xq, xo, 0)
+                    i2 = dot_nibbles32(w, o + 16 + 32 * c, xq, xo + 32, 1)
+                    acc += (d * (s1 * dx[i, sb] * F(i1) + s2 * dx[i, sb + 1] * F(i2))
+                            - dmin * (m1 * dx[i, sb] * F(xsum[i, sb])
+                                      + m2 * dx[i, sb + 1] * F(xsum[i, sb + 1])))
+            out[i, r] = acc
+
+
+_IGEMV = {"q8_0": _igemv_q8_0, "q4_0": _igemv_q4_0, "q4_1": _igemv_q4_1, "q4_k": _igemv_q4_k}
+
+
+def uses_int8(fmt: str, m: int) -> bool:
+    """Whether ``qmatmul`` of ``m`` activation rows on ``fmt`` runs the integer kernels."""
+    return m <= GEMV_ROWS_MAX and AVX2 and INT8_ACTIVATIONS and fmt in _IGEMV
+
+
+def quantize_rows_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Activation rows -> (int8 codes [m*k], f32 scales [m, k/32], int32 code sums [m, k/32]).
+
+    Per 32 elements: ``dx = max|x| / 127``, ``q = rint(x / dx)``.
+    """
+    m, k = x.shape
+    blocks = x.reshape(m, k // 32, 32)
+    dx = np.abs(blocks).max(axis=2) / F(127)
+    inv = np.divide(F(1), dx, out=np.zeros_like(dx), where=dx > 0)
+    q = np.rint(blocks * inv[:, :, None]).astype(np.int8)
+    return q.reshape(-1), dx, q.sum(axis=2, dtype=np.int32)
+
+
 # --- panel decode (GEMM and the gradient) ------------------------------------------------
 # Decode rows [r0, r0 + out.shape[0]) of w into out (f32 [rows, k]).
 
@@ -511,6 +612,11 @@ def qmatmul(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
     m, k = x.shape
     n = w.shape[0]
     out = np.empty((m, n), dtype=F)
+    if uses_int8(fmt, m):
+        xq, dx, xsum = quantize_rows_q8(x)
+        _IGEMV[fmt](w.reshape(-1), np.int64(w.shape[1]), xq, dx, xsum, np.int64(k), F16_TABLE,
+                    out)
+        return out
     if m <= GEMV_ROWS_MAX and fmt in _GEMV:
         _GEMV[fmt](w, x, _sums32(x), F16_TABLE, out, 16, 32)
         return out
