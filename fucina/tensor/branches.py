@@ -51,7 +51,7 @@ _HALF = (
     "unary relu exp sqrt rsqrt sigmoid silu log log1p abs __abs__ sin cos tanh fast_tanh "
     "softcap30 softcap15 gelu quick_gelu elu gelu_erf floor ceil round sign reciprocal "
     "leaky_relu clamp pow_scalar cumsum cumprod where masked_fill max min prod variance "
-    "logsumexp argmax softmax log_softmax pack_rhs pack_rhs_layout"
+    "logsumexp argmax softmax log_softmax"
 )
 _F32 = (
     "variable variable_from_slice from_slice from_borrowed_slice from_borrowed_const_slice "
@@ -76,12 +76,9 @@ _F32 = (
     "where masked_fill isnan isinf isfinite band_part tril triu "
     # reductions and scans (§4.7, argmax §4.16)
     "max min prod variance norm norm_all logsumexp any all any_all all_all cumsum cumprod "
-    "argmax "
-    # quantized weights and packed RHS (fucina/ir/quantized.py)
-    "dot_ternary_ste dot_packed pack_rhs pack_rhs_layout"
+    "argmax"
 )
-_QUANT = ("from_blocks from_storage_slice from_borrowed_blocks concat get_rows "
-          "pack_rhs pack_rhs_layout")
+_QUANT = "from_blocks from_storage_slice from_borrowed_blocks concat get_rows"
 
 
 def _names(*groups: str) -> list[str]:

@@ -14,7 +14,6 @@ from typing import Any
 from .. import tags as T
 from ..dtypes import DType
 from ..errors import ShapeMismatch, TagError, UnsupportedGradient
-from ..ir import quantized
 from ..ir.execute import emit
 from ..ir.graph import Node
 from .base import check_tensor, method, result, same_ctx, sizes_of
@@ -71,10 +70,6 @@ def dot(self: Any, other: Any, contract: str) -> Any:
     """Contract ``contract`` (present in both); result tags batch ++ left free ++ right free."""
     check_tensor(other)
     same_ctx(self, other)
-    if other.dtype.is_block:  # f32 x block-quantized weight: fucina/ir/quantized.py
-        node, qout = quantized.dot_nodes(self._node, self.axis_tags, other._node,
-                                         other.axis_tags, T.check_tag(contract))
-        return result(self, qout, node, DType.f32)
     out = T.dot_result(self.axis_tags, other.axis_tags, T.check_tag(contract))
     dt = _result_dtype(self.dtype, other.dtype)
     _check_grad(self, other)
@@ -231,36 +226,3 @@ def add_dot(self: Any, a: Any, b: Any, contract: str) -> Any:
     if self.axis_tags != want:
         raise TagError(f"add_dot: self must be tagged exactly {want}, got {self.axis_tags}")
     return self.add(a.dot(b, contract))
-
-
-# -- quantized weights, packed RHS and the ternary STE (logic in fucina/ir/quantized.py) ----
-
-
-@method
-def dot_ternary_ste(self: Any, weight: Any, contract: str) -> Any:
-    """BitNet b1.58 linear: forward through TQ2_0(absmean(weight)), dW straight through."""
-    check_tensor(weight, "weight")
-    same_ctx(self, weight)
-    node, out = quantized.ternary_nodes(self._node, self.axis_tags, weight._node,
-                                        weight.axis_tags, T.check_tag(contract))
-    return result(self, out, node, DType.f32)
-
-
-@method
-def dot_packed(self: Any, packed: Any, contract: str, out_tag: str) -> Any:
-    """``[free, contract]`` input times a ``pack_rhs`` snapshot -> ``[free, out_tag]``."""
-    node, out = quantized.packed_nodes(self._node, self.axis_tags, packed,
-                                       T.check_tag(contract), out_tag)
-    return result(self, out, node, DType.f32)
-
-
-@method
-def pack_rhs(self: Any) -> Any:
-    """Snapshot a rank-2 ``[out, contract]`` weight for ``dot_packed`` (default layout)."""
-    return quantized.pack_nodes(self._node, None)
-
-
-@method
-def pack_rhs_layout(self: Any, layout: str) -> Any:
-    """``pack_rhs`` with an explicit layout (``"blocks"`` or ``"dense_f32"``)."""
-    return quantized.pack_nodes(self._node, layout)
