@@ -120,7 +120,7 @@ class _Cursor:
 
     def __init__(self, buf: np.ndarray, path: str):
         self.buf = buf
-        self.mv = memoryview(buf)
+        self.mv = buf.data
         self.size = buf.size
         self.pos = 0
         self.path = path
@@ -365,7 +365,7 @@ class File:
         return T.constant(ctx, raw)
 
 
-def open(path: str | os.PathLike[str]) -> File:  # noqa: A001 - the API's name
+def open(path: str | os.PathLike[str]) -> File:
     """Open (memory-map) a GGUF file; a first split part opens the whole set."""
     return File(path)
 

@@ -87,17 +87,17 @@ class File:
         except _st.SafetensorError as e:
             raise ModelFileError(f"{self.path}: not a valid safetensors file ({e})") from None
         self._map: np.ndarray | None = np.memmap(self.path, dtype=np.uint8, mode="r")
-        (n,) = struct.unpack_from("<Q", self._map, 0)
+        (n,) = struct.unpack("<Q", bytes(self._map[:8]))
         header = json.loads(bytes(self._map[8:8 + n]).decode("utf-8"))
         start = 8 + n
         self.tensors: dict[str, TensorInfo] = {}
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
-            b, e = entry["data_offsets"]
+            begin, end = entry["data_offsets"]
             self.tensors[name] = TensorInfo(name, _TO_FUCINA.get(entry["dtype"]), entry["dtype"],
-                                            tuple(int(d) for d in entry["shape"]), start + b,
-                                            e - b)
+                                            tuple(int(d) for d in entry["shape"]), start + begin,
+                                            end - begin)
 
     def close(self) -> None:
         """Drop this file's reference to the mapping (tensors keep theirs)."""
@@ -112,7 +112,7 @@ class File:
     def __repr__(self) -> str:
         return f"fucina.safetensors.File({self.path!r}, tensors={len(self.tensors)})"
 
-    def _info(self, name: str) -> TensorInfo:
+    def _info(self, name: str) -> tuple[TensorInfo, DType]:
         try:
             info = self.tensors[name]
         except KeyError:
@@ -120,14 +120,14 @@ class File:
         if info.dtype is None:
             raise UnsupportedDType(f"{self.path}: tensor {name!r} has dtype {info.st_dtype}, "
                                    "which fucina has no dtype for")
-        return info
+        return info, info.dtype
 
     def array(self, name: str) -> np.ndarray:
         """Read-only numpy view of the tensor (bf16/f8 as raw bits; a copy if misaligned)."""
         if self._map is None:
             raise ValueError(f"{self.path}: file is closed")
-        info = self._info(name)
-        storage = info.dtype.storage
+        info, dtype = self._info(name)
+        storage = dtype.storage
         raw = self._map[info.offset:info.offset + info.nbytes]
         if info.offset % storage.itemsize:
             raw = np.array(raw)  # the one unaligned case: copy rather than misalign a kernel
@@ -140,7 +140,7 @@ class File:
         from .runtime.raw import RawTensor
         from .tensor import Tensor
 
-        info = self._info(name)
+        info, dtype = self._info(name)
         tag_tuple = (tags,) if isinstance(tags, str) else tuple(tags)
         if len(tag_tuple) != len(info.shape):
             raise TagError(f"{self.path}: tensor {name!r} has rank {len(info.shape)} (shape "
@@ -149,11 +149,11 @@ class File:
             raise InvalidShape(f"{self.path}: tensor {name!r} has shape {info.shape}; fucina "
                                "tensors need at least one axis and no empty axes")
         arr = self.array(name)
-        raw = RawTensor.from_array(info.dtype, arr, info.shape, borrow=True, readonly=True)
-        return Tensor(*tag_tuple, dtype=info.dtype).constant(ctx, raw)
+        raw = RawTensor.from_array(dtype, arr, info.shape, borrow=True, readonly=True)
+        return Tensor(*tag_tuple, dtype=dtype).constant(ctx, raw)
 
 
-def open(path: str | os.PathLike[str]) -> File:  # noqa: A001 - the API's name
+def open(path: str | os.PathLike[str]) -> File:
     """Open (memory-map) a safetensors file."""
     return File(path)
 
@@ -185,6 +185,7 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any],
     """Write ``tensors`` (name -> fucina tensor or numpy array) and string ``metadata``."""
     arrays = {name: _array_of(name, v) for name, v in tensors.items()}
     meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+    specs: dict[str, Any]
     if hasattr(_st, "TensorSpec"):
         specs = {name: _st.TensorSpec(dtype=_SPEC_NAMES[dt], shape=list(a.shape),
                                       data_ptr=a.ctypes.data, data_len=a.nbytes)

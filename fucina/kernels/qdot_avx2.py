@@ -56,11 +56,11 @@ def _maddubs_sum(builder: ir.IRBuilder, u8: ir.Value, s8: ir.Value) -> ir.Value:
 
 
 @intrinsic
-def dot_s8(typingctx, w, wo, x, xo):  # noqa: ANN001, ANN201
+def dot_s8(typingctx, w, wo, x, xo):
     """sum_{j<32} int8(w[wo+j]) * x[xo+j] (w: uint8 bytes holding int8 codes, x: int8)."""
     sig = types.int32(w, wo, x, xo)
 
-    def codegen(ctx, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(ctx, builder, signature, args):
         wv = _load(builder, ctx, signature.args[0], args[0], args[1], _V32I8)
         xv = _load(builder, ctx, signature.args[2], args[2], args[3], _V32I8)
         sign = builder.module.declare_intrinsic(
@@ -73,12 +73,12 @@ def dot_s8(typingctx, w, wo, x, xo):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def dot_nibbles16(typingctx, w, wo, x, xo):  # noqa: ANN001, ANN201
+def dot_nibbles16(typingctx, w, wo, x, xo):
     """16 bytes at w[wo:] hold 32 nibbles (low: element j, high: element j+16):
     sum_j nibble_j * x[xo+j] over the 32 elements."""
     sig = types.int32(w, wo, x, xo)
 
-    def codegen(ctx, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(ctx, builder, signature, args):
         b = _load(builder, ctx, signature.args[0], args[0], args[1], _V16I8)
         lo = builder.and_(b, ir.Constant(_V16I8, [15] * 16))
         hi = builder.lshr(b, ir.Constant(_V16I8, [4] * 16))
@@ -90,11 +90,11 @@ def dot_nibbles16(typingctx, w, wo, x, xo):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def dot_nibbles32(typingctx, w, wo, x, xo, high):  # noqa: ANN001, ANN201
+def dot_nibbles32(typingctx, w, wo, x, xo, high):
     """32 bytes at w[wo:]: their low (``high`` == 0) or high nibbles times x[xo:xo+32]."""
     sig = types.int32(w, wo, x, xo, high)
 
-    def codegen(ctx, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(ctx, builder, signature, args):
         b = _load(builder, ctx, signature.args[0], args[0], args[1], _V32I8)
         sh = builder.trunc(builder.mul(args[4], ir.Constant(args[4].type, 4)), _I8)
         shv = builder.insert_element(ir.Constant(_V32I8, ir.Undefined), sh, ir.Constant(_I32, 0))

@@ -22,11 +22,13 @@ array has exactly ``k / block_size`` blocks per row.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit, prange
 
 from ..blocks import BLOCK_DTYPES
-from .qdot_avx2 import AVX2, dot_nibbles16, dot_nibbles32, dot_s8
+from . import qdot_avx2
 from .quant import dequantize
 
 __all__ = ["FUSED_FORMATS", "PackedRhs", "decode_panel", "gemv_rows_max", "qmatmul", "qmatmul_t",
@@ -34,6 +36,11 @@ __all__ = ["FUSED_FORMATS", "PackedRhs", "decode_panel", "gemv_rows_max", "qmatm
 
 F = np.float32
 U = np.uint64
+AVX2 = qdot_avx2.AVX2
+# Numba intrinsics (typed Any: their call signature is Numba's, not Python's)
+dot_s8: Any = qdot_avx2.dot_s8
+dot_nibbles16: Any = qdot_avx2.dot_nibbles16
+dot_nibbles32: Any = qdot_avx2.dot_nibbles32
 
 #: f16 bits -> f32 value, passed to kernels (a global array would be baked into each kernel).
 F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(F)
@@ -55,12 +62,12 @@ def gemv_rows_max() -> int:
 
 
 @njit(inline="always")
-def _h(tab, w, r, o):  # noqa: ANN001, ANN202 - f16 field at byte o of row r
+def _h(tab, w, r, o):
     return tab[np.uint32(w[r, o]) | (np.uint32(w[r, o + U(1)]) << np.uint32(8))]
 
 
 @njit(inline="always")
-def _k4_scale_min(w, r, o, j):  # noqa: ANN001, ANN202 - 6-bit scale/min j of a Q4_K/Q5_K block
+def _k4_scale_min(w, r, o, j):
     if j < 4:
         return F(np.int32(w[r, o + U(j)] & 63)), F(np.int32(w[r, o + U(j + 4)] & 63))
     a = w[r, o + U(j + 4)]
@@ -76,7 +83,7 @@ def _k4_scale_min(w, r, o, j):  # noqa: ANN001, ANN202 - 6-bit scale/min j of a 
 
 
 @njit(inline="always")
-def _finish(acc, out, r, m, c32):  # noqa: ANN001, ANN202
+def _finish(acc, out, r, m, c32):
     for i in range(m):
         t = F(0)
         for j in range(c32):
@@ -85,7 +92,7 @@ def _finish(acc, out, r, m, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_q8_0(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_q8_0(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 32
     wi = w.view(np.int8)
     for r in prange(n):
@@ -101,7 +108,7 @@ def _gemv_q8_0(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_q4_0(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_q4_0(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 32
     for r in prange(n):
         acc = np.zeros((m, 32), dtype=np.float32)
@@ -118,7 +125,7 @@ def _gemv_q4_0(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_q4_1(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_q4_1(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 32
     for r in prange(n):
         acc = np.zeros((m, 32), dtype=np.float32)
@@ -140,13 +147,13 @@ def _gemv_q4_1(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(inline="always")
-def _qh32(w, r, o):  # noqa: ANN001, ANN202 - the 32 fifth bits of a Q5 block (LE u32)
+def _qh32(w, r, o):
     return (np.uint32(w[r, o]) | (np.uint32(w[r, o + U(1)]) << 8)
             | (np.uint32(w[r, o + U(2)]) << 16) | (np.uint32(w[r, o + U(3)]) << 24))
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_q5_0(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_q5_0(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 32
     for r in prange(n):
         acc = np.zeros((m, 32), dtype=np.float32)
@@ -166,7 +173,7 @@ def _gemv_q5_0(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_q5_1(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_q5_1(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 32
     for r in prange(n):
         acc = np.zeros((m, 32), dtype=np.float32)
@@ -191,7 +198,7 @@ def _gemv_q5_1(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_q4_k(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_q4_k(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 256
     for r in prange(n):
         acc = np.zeros((m, 32), dtype=np.float32)
@@ -219,7 +226,7 @@ def _gemv_q4_k(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_q5_k(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_q5_k(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 256
     for r in prange(n):
         acc = np.zeros((m, 32), dtype=np.float32)
@@ -250,7 +257,7 @@ def _gemv_q5_k(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_q6_k(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_q6_k(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 256
     wi = w.view(np.int8)
     for r in prange(n):
@@ -284,7 +291,7 @@ def _gemv_q6_k(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemv_tq2_0(w, x, xs, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _gemv_tq2_0(w, x, xs, tab, out, c16, c32):
     n, m, nb = w.shape[0], x.shape[0], x.shape[1] // 256
     for r in prange(n):
         acc = np.zeros((m, 32), dtype=np.float32)
@@ -319,12 +326,12 @@ FUSED_FORMATS: frozenset[str] = frozenset(_GEMV)
 
 
 @njit(inline="always")
-def _hb(tab, w, o):  # noqa: ANN001, ANN202 - f16 field at flat byte o
+def _hb(tab, w, o):
     return tab[np.int64(w[o]) | (np.int64(w[o + 1]) << 8)]
 
 
 @njit(parallel=True, cache=True)
-def _igemv_q8_0(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
+def _igemv_q8_0(w, rb, xq, dx, xsum, k, tab, out):
     m, n, nb = out.shape[0], out.shape[1], k // 32
     for r in prange(n):
         for i in range(m):
@@ -336,7 +343,7 @@ def _igemv_q8_0(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, cache=True)
-def _igemv_q4_0(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
+def _igemv_q4_0(w, rb, xq, dx, xsum, k, tab, out):
     m, n, nb = out.shape[0], out.shape[1], k // 32
     for r in prange(n):
         for i in range(m):
@@ -349,7 +356,7 @@ def _igemv_q4_0(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, cache=True)
-def _igemv_q4_1(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
+def _igemv_q4_1(w, rb, xq, dx, xsum, k, tab, out):
     m, n, nb = out.shape[0], out.shape[1], k // 32
     for r in prange(n):
         for i in range(m):
@@ -362,7 +369,7 @@ def _igemv_q4_1(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, cache=True)
-def _igemv_q4_k(w, rb, xq, dx, xsum, k, tab, out):  # noqa: ANN001, ANN202
+def _igemv_q4_k(w, rb, xq, dx, xsum, k, tab, out):
     m, n, nb = out.shape[0], out.shape[1], k // 256
     w2 = w.reshape(1, w.shape[0])  # for the shared 2-D scale decoder
     for r in prange(n):
@@ -411,7 +418,7 @@ def quantize_rows_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_q8_0(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_q8_0(w, r0, tab, out, c16, c32):
     wi = w.view(np.int8)
     for rr in prange(out.shape[0]):
         r = r0 + rr
@@ -423,7 +430,7 @@ def _panel_q8_0(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_q4_0(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_q4_0(w, r0, tab, out, c16, c32):
     for rr in prange(out.shape[0]):
         r = r0 + rr
         for b in range(out.shape[1] // 32):
@@ -436,7 +443,7 @@ def _panel_q4_0(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_q4_1(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_q4_1(w, r0, tab, out, c16, c32):
     for rr in prange(out.shape[0]):
         r = r0 + rr
         for b in range(out.shape[1] // 32):
@@ -450,7 +457,7 @@ def _panel_q4_1(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_q5_0(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_q5_0(w, r0, tab, out, c16, c32):
     for rr in prange(out.shape[0]):
         r = r0 + rr
         for b in range(out.shape[1] // 32):
@@ -467,7 +474,7 @@ def _panel_q5_0(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_q5_1(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_q5_1(w, r0, tab, out, c16, c32):
     for rr in prange(out.shape[0]):
         r = r0 + rr
         for b in range(out.shape[1] // 32):
@@ -485,7 +492,7 @@ def _panel_q5_1(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_q4_k(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_q4_k(w, r0, tab, out, c16, c32):
     for rr in prange(out.shape[0]):
         r = r0 + rr
         for b in range(out.shape[1] // 256):
@@ -505,7 +512,7 @@ def _panel_q4_k(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_q5_k(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_q5_k(w, r0, tab, out, c16, c32):
     for rr in prange(out.shape[0]):
         r = r0 + rr
         for b in range(out.shape[1] // 256):
@@ -526,7 +533,7 @@ def _panel_q5_k(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_q6_k(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_q6_k(w, r0, tab, out, c16, c32):
     wi = w.view(np.int8)
     for rr in prange(out.shape[0]):
         r = r0 + rr
@@ -554,7 +561,7 @@ def _panel_q6_k(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _panel_tq2_0(w, r0, tab, out, c16, c32):  # noqa: ANN001, ANN202
+def _panel_tq2_0(w, r0, tab, out, c16, c32):
     for rr in prange(out.shape[0]):
         r = r0 + rr
         for b in range(out.shape[1] // 256):
@@ -662,12 +669,14 @@ class PackedRhs:
     def __init__(self, layout: str, dtype: str, data: np.ndarray, n: int, k: int):
         self.layout = layout
         self.dtype = dtype
-        self.data = data
+        self.data: np.ndarray | None = data
         self.n = n
         self.k = k
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """``x[m, k] @ W.T`` -> f32 ``[m, n]``."""
+        if self.data is None:
+            raise ValueError("dot_packed: the packed RHS was deinit'ed")
         if self.layout == "dense_f32":
             return np.ascontiguousarray(x, dtype=F) @ self.data.T
         return qmatmul(x, self.data, self.dtype)

@@ -168,13 +168,13 @@ _EPS = F(1e-15)  # ggml's GROUP_MAX_EPS
 
 
 @njit(cache=True)
-def _nearest(v):  # noqa: ANN001, ANN202 - jitted scalar helper
+def _nearest(v):
     """ggml's nearest_int: round half to even (exact for |v| < 2**22)."""
     return int(np.rint(v))
 
 
 @njit(cache=True)
-def _f16_round(v):  # noqa: ANN001, ANN202
+def _f16_round(v):
     """The f32 value of fp16(v) (round to nearest even; overflow to inf)."""
     a = abs(float(v))
     if a == 0.0 or a != a:
@@ -189,7 +189,7 @@ def _f16_round(v):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _make_qkx2(x, w, L, Laux, nmax, rmin, rdelta, nstep):  # noqa: ANN001, ANN202
+def _make_qkx2(x, w, L, Laux, nmax, rmin, rdelta, nstep):
     """ggml make_qkx2_quants (use_mad=false): asymmetric scale+min grid search.
 
     Writes codes into L, returns (scale, the_min) with the_min = -min >= 0.
@@ -254,7 +254,7 @@ def _make_qkx2(x, w, L, Laux, nmax, rmin, rdelta, nstep):  # noqa: ANN001, ANN20
 
 
 @njit(cache=True)
-def _make_qx(x, L, nmax):  # noqa: ANN001, ANN202
+def _make_qx(x, L, nmax):
     """ggml make_qx_quants with rmse_type=1 (weights x*x): symmetric scale search."""
     n = x.shape[0]
     mx = F(0)
@@ -301,7 +301,7 @@ def _make_qx(x, L, nmax):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _scale_min_k4(j, sc):  # noqa: ANN001, ANN202
+def _scale_min_k4(j, sc):
     """ggml get_scale_min_k4: the 6-bit scale and min of sub-block j."""
     if j < 4:
         return sc[j] & 63, sc[j + 4] & 63
@@ -309,7 +309,7 @@ def _scale_min_k4(j, sc):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _kquant_scales(x, L, nmax, rmin, rdelta, nstep, sc_out):  # noqa: ANN001, ANN202
+def _kquant_scales(x, L, nmax, rmin, rdelta, nstep, sc_out):
     """Shared first half of q4_K/q5_K: per-32 searches, 6-bit scales/mins, d and dmin."""
     scales = np.empty(8, dtype=np.float32)
     mins = np.empty(8, dtype=np.float32)
@@ -350,7 +350,7 @@ def _kquant_scales(x, L, nmax, rmin, rdelta, nstep, sc_out):  # noqa: ANN001, AN
 
 
 @njit(cache=True)
-def _kquant_codes(x, L, sc, d, dmin, nmax):  # noqa: ANN001, ANN202
+def _kquant_codes(x, L, sc, d, dmin, nmax):
     """Second half of q4_K/q5_K: requantize each sub-block with its stored scale."""
     for j in range(8):
         s, m = _scale_min_k4(j, sc)
@@ -363,7 +363,7 @@ def _kquant_codes(x, L, sc, d, dmin, nmax):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, cache=True)
-def _enc_q4_k_nb(x, d, dmin, scales, qs):  # noqa: ANN001, ANN202
+def _enc_q4_k_nb(x, d, dmin, scales, qs):
     for b in prange(x.shape[0]):
         L = np.empty(256, dtype=np.int64)
         db, mb = _kquant_scales(x[b], L, 15, F(-1.0), F(0.1), 20, scales[b])
@@ -376,7 +376,7 @@ def _enc_q4_k_nb(x, d, dmin, scales, qs):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, cache=True)
-def _enc_q5_k_nb(x, d, dmin, scales, qh, qs):  # noqa: ANN001, ANN202
+def _enc_q5_k_nb(x, d, dmin, scales, qh, qs):
     for b in prange(x.shape[0]):
         L = np.empty(256, dtype=np.int64)
         db, mb = _kquant_scales(x[b], L, 31, F(-0.5), F(0.1), 15, scales[b])
@@ -399,7 +399,7 @@ def _enc_q5_k_nb(x, d, dmin, scales, qh, qs):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, cache=True)
-def _enc_q6_k_nb(x, d, scales, ql, qh):  # noqa: ANN001, ANN202
+def _enc_q6_k_nb(x, d, scales, ql, qh):
     for b in prange(x.shape[0]):
         L = np.empty(256, dtype=np.int64)
         sub = np.empty(16, dtype=np.float32)
@@ -445,7 +445,7 @@ def _enc_q6_k_nb(x, d, scales, ql, qh):  # noqa: ANN001, ANN202
 
 
 @njit(parallel=True, cache=True)
-def _enc_q8_k_nb(x, d, qs, bsums):  # noqa: ANN001, ANN202
+def _enc_q8_k_nb(x, d, qs, bsums):
     for b in prange(x.shape[0]):
         xb = x[b]
         mx = F(0)
