@@ -19,17 +19,29 @@ from .errors import (
     Deinitialized,
     DivisionByZero,
     EmptySelection,
+    EncoderUnavailable,
     GradientCastUnsupported,
+    GradientPackedMatmulUnsupported,
+    GradientQuantizedMatmulUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
+    InvalidMagic,
     InvalidShape,
+    InvalidTensorInfo,
     MissingOutputGradient,
+    ModelFileError,
     MutableDataRequiresNoGrad,
     NoGradientGraph,
+    NonFiniteValue,
     ShapeMismatch,
     TagError,
     TensorError,
+    TensorNotFound,
+    TernaryContractDimNotBlockAligned,
+    TruncatedFile,
+    UnsupportedDType,
     UnsupportedGradient,
+    UnsupportedVersion,
     UnsupportedView,
 )
 from .kernels.cache import CacheInfo, cache_info
@@ -46,6 +58,10 @@ del _dt
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("gguf", "safetensors"):  # model-file modules load on first use
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     if name == "RawTensor":
         raise AttributeError(
             "fucina.RawTensor is not public: the raw tensor lives at fucina.internal.RawTensor")
@@ -64,6 +80,18 @@ __all__ = [
     "Deinitialized",
     "DivisionByZero",
     "EmptySelection",
+    "EncoderUnavailable",
+    "GradientPackedMatmulUnsupported",
+    "GradientQuantizedMatmulUnsupported",
+    "InvalidMagic",
+    "InvalidTensorInfo",
+    "ModelFileError",
+    "NonFiniteValue",
+    "TensorNotFound",
+    "TernaryContractDimNotBlockAligned",
+    "TruncatedFile",
+    "UnsupportedDType",
+    "UnsupportedVersion",
     "ExecContext",
     "GradientCastUnsupported",
     "IndexOutOfBounds",

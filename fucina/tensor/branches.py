@@ -37,6 +37,7 @@ from .math import (
     Ordering,
     ScalarMath,
 )
+from .quantized import PackRhs, QuantizedMatmul
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
@@ -57,6 +58,7 @@ __all__ = [
 
 
 class F32Tensor(
+    QuantizedMatmul, PackRhs,
     Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
@@ -73,6 +75,7 @@ class F32Tensor(
 
 
 class HalfTensor(
+    PackRhs,
     Softmax, Einsum, Dot,
     FloatReductions, HalfSum,
     Select, UnaryMath,
@@ -156,6 +159,7 @@ class F8Tensor(
 
 
 class QuantTensor(
+    PackRhs,
     BlockRows, BlockConstructors,
     Cast, Wrap,
     Concat, Retag,
