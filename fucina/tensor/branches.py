@@ -37,6 +37,7 @@ from .math import (
     Ordering,
     ScalarMath,
 )
+from .norms import Norms, NormsF32
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
@@ -57,6 +58,7 @@ __all__ = [
 
 
 class F32Tensor(
+    NormsF32, Norms,
     Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
@@ -73,6 +75,7 @@ class F32Tensor(
 
 
 class HalfTensor(
+    Norms,
     Softmax, Einsum, Dot,
     FloatReductions, HalfSum,
     Select, UnaryMath,
