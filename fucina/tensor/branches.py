@@ -14,6 +14,7 @@ families shared by all branches and the root :class:`Tensor`.
 from __future__ import annotations
 
 from ..dtypes import DType
+from .activations import ParamActivations
 from .autograd import Backward, Cast, Detach, GradAccess
 from .base import ItemAccess, Tensor
 from .construct import (
@@ -26,6 +27,7 @@ from .construct import (
     Wrap,
 )
 from .contract import Dot, Einsum, Matmul
+from .gated import Gated, GatedF32
 from .losses import Losses
 from .masks import MaskOps, Select
 from .math import (
@@ -58,7 +60,7 @@ __all__ = [
 
 
 class F32Tensor(
-    NormsF32, Norms,
+    NormsF32, Norms, GatedF32, Gated, ParamActivations,
     Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
@@ -75,7 +77,7 @@ class F32Tensor(
 
 
 class HalfTensor(
-    Norms,
+    Norms, Gated,
     Softmax, Einsum, Dot,
     FloatReductions, HalfSum,
     Select, UnaryMath,
