@@ -41,6 +41,7 @@ from .math import (
 )
 from .norms import Norms, NormsF32
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
+from .scans import Scans
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
 from .unary import UnaryF32, UnaryMath
@@ -60,7 +61,7 @@ __all__ = [
 
 
 class F32Tensor(
-    NormsF32, Norms, GatedF32, Gated, ParamActivations,
+    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans,
     Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
