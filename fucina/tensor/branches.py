@@ -27,6 +27,7 @@ from .construct import (
     Wrap,
 )
 from .contract import Dot, Einsum, Matmul
+from .elemental import Elemental
 from .gated import Gated, GatedF32
 from .losses import Losses
 from .masks import MaskOps, Select
@@ -61,7 +62,7 @@ __all__ = [
 
 
 class F32Tensor(
-    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans,
+    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental,
     Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
