@@ -15,6 +15,7 @@ from .blocks import BLOCK_DTYPES, BLOCK_SIZES
 from .compile import Compiled, compile  # noqa: A004 - fucina.compile is the public name
 from .dtypes import DType
 from .errors import (
+    ActiveExecScopeUnsupported,
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
@@ -53,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ActiveExecScopeUnsupported",
     "BLOCK_DTYPES",
     "CacheInfo",
     "Compiled",

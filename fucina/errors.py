@@ -66,6 +66,11 @@ class Deinitialized(TensorError):
     """The tensor was deinit'ed (or released by its exec scope) and cannot be used."""
 
 
+class ActiveExecScopeUnsupported(TensorError):
+    """A storage-consuming op (take_add_no_grad, take_scale_no_grad) was given a tensor an
+    exec scope owns: consuming it would release the scope's reference early."""
+
+
 class TagError(TypeError):
     """A tag-level violation: unknown, duplicate or misplaced tags, rank overflow."""
 
@@ -86,5 +91,6 @@ __all__ = [
     "DivisionByZero",
     "ContextMismatch",
     "Deinitialized",
+    "ActiveExecScopeUnsupported",
     "TagError",
 ]

@@ -29,6 +29,7 @@ from .construct import (
 from .contract import Dot, Einsum, Matmul
 from .elemental import Elemental
 from .gated import Gated, GatedF32
+from .inplace import InPlace
 from .losses import Losses
 from .masks import MaskOps, Select
 from .math import (
@@ -62,7 +63,7 @@ __all__ = [
 
 
 class F32Tensor(
-    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental,
+    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental, InPlace,
     Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
