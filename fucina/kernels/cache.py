@@ -68,14 +68,13 @@ _LOCK = threading.Lock()
 class Kernel:
     """A generated kernel: its source, a stable name and the Numba dispatcher."""
 
-    __slots__ = ("name", "source", "fn", "_first", "signature_seen", "user_fns")
+    __slots__ = ("name", "source", "fn", "_first", "user_fns")
 
     def __init__(self, name: str, source: str, fn: Any, user_fns: tuple[str, ...] = ()):
         self.name = name
         self.source = source
         self.fn = fn
         self._first = True
-        self.signature_seen: set[tuple[Any, ...]] = set()
         self.user_fns = user_fns  # registry keys of the user scalar functions it calls
 
     def __call__(self, *args: Any) -> None:

@@ -31,7 +31,7 @@ def _three(a: np.ndarray, axis: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _linrec_forward(b, a, h0, out):  # noqa: ANN001, ANN202 - numba arrays
+def _linrec_forward(b, a, h0, out):
     n_outer, n_t, n_inner = b.shape
     for o in prange(n_outer):
         for i in range(n_inner):
@@ -42,7 +42,7 @@ def _linrec_forward(b, a, h0, out):  # noqa: ANN001, ANN202 - numba arrays
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _linrec_reverse(b, a, out):  # noqa: ANN001, ANN202 - numba arrays
+def _linrec_reverse(b, a, out):
     n_outer, n_t, n_inner = b.shape
     for o in prange(n_outer):
         for i in range(n_inner):
@@ -89,7 +89,7 @@ def check_offsets(offsets: np.ndarray, n: int, what: str) -> None:
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _segment_sum(x, off, out):  # noqa: ANN001, ANN202 - numba arrays
+def _segment_sum(x, off, out):
     n_outer, _, n_inner = x.shape
     n_seg = out.shape[1]
     for o in prange(n_outer):
@@ -102,7 +102,7 @@ def _segment_sum(x, off, out):  # noqa: ANN001, ANN202 - numba arrays
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _segment_broadcast(g, off, out):  # noqa: ANN001, ANN202 - numba arrays
+def _segment_broadcast(g, off, out):
     n_outer, n_seg, n_inner = g.shape
     for o in prange(n_outer):
         for s in range(n_seg):

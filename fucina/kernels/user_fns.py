@@ -189,7 +189,7 @@ def _wrap(py_fn: Callable[..., Any], arity: int, spec: tuple[Any, ...],
         call += f"[{index}]"
     src = f"def w({', '.join(args)}):\n    return {call}\n"
     ns: dict[str, Any] = {"fn": numba.njit(**_JIT)(py_fn)}
-    exec(src, ns)  # noqa: S102 - generated from a fixed template, no user text
+    exec(src, ns)  # source from a fixed template: no user text
     return numba.njit(**_JIT)(ns["w"])
 
 
