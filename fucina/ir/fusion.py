@@ -291,8 +291,8 @@ def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]
     if op == "where":
         return f"({names[1]} if {names[0]} else {names[2]})", params
     if op == "elemental":
-        ps = [param(v) for v in n.attrs.get("params", ())]
-        return f"uf_{fn}({', '.join(names + ps)})", params
+        pnames = [param(v) for v in n.attrs.get("params", ())]
+        return f"uf_{fn}({', '.join(names + pnames)})", params
     if op == "cast":
         if n.dtype is DType.bool:
             return f"({names[0]} != 0)", params

@@ -39,9 +39,12 @@ from numba.core.dispatcher import Dispatcher
 from ..dtypes import DType
 from .reference import kernel
 
-#: Flags for user code: IEEE NaN/inf kept, division by zero gives inf/NaN (not an
-#: exception), as for the built-in scalar helpers (``scalar_fns``).
-_JIT = {"fastmath": {"contract", "nsz"}, "error_model": "numpy", "nogil": True}
+
+def _jit(fn: Callable[..., Any]) -> Any:
+    """njit with the built-in scalar helpers' flags (``scalar_fns``): IEEE NaN/inf kept,
+    division by zero gives inf/NaN instead of raising."""
+    return numba.njit(fn, fastmath={"contract", "nsz"}, error_model="numpy", nogil=True)
+
 
 #: Numbers of operands of each function an op declares.
 ARITY = {"unary": {"forward": 2, "backward": 4}, "binary": {"forward": 3, "backward": 5}}
@@ -188,9 +191,9 @@ def _wrap(py_fn: Callable[..., Any], arity: int, spec: tuple[Any, ...],
     if index is not None:
         call += f"[{index}]"
     src = f"def w({', '.join(args)}):\n    return {call}\n"
-    ns: dict[str, Any] = {"fn": numba.njit(**_JIT)(py_fn)}
+    ns: dict[str, Any] = {"fn": _jit(py_fn)}
     exec(src, ns)  # source from a fixed template: no user text
-    return numba.njit(**_JIT)(ns["w"])
+    return _jit(ns["w"])
 
 
 def _function(op: Any, name: str, kind: str) -> Callable[..., Any]:
