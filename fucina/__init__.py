@@ -15,6 +15,7 @@ from .blocks import BLOCK_DTYPES, BLOCK_SIZES
 from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
+    ActiveExecScopeUnsupported,
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
@@ -69,6 +70,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ActiveExecScopeUnsupported",
     "BLOCK_DTYPES",
     "CacheInfo",
     "Compiled",

@@ -205,6 +205,39 @@ def _linear_gelu_case(quick: bool) -> Case:
     return c
 
 
+def _norm_case(kind: str, rows: int, cols: int, quick: bool) -> Case:
+    """layer_norm / rms_norm over the last axis: one compiled row kernel vs torch eager."""
+    ctx = F.ExecContext()
+    x = F.Tensor("t", "d").randn(ctx, (rows, cols), 11)
+    eps = 1e-5
+
+    def norm(x: Any) -> Any:
+        return x.layer_norm("d", eps) if kind == "layer_norm" else x.rms_norm("d", eps)
+
+    fast = F.compile(norm)
+    c = Case(f"{kind} [{rows},{cols}] f32")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: norm(x), mt)
+    c.compiled = best_time(lambda: fast(x), mt)
+    x0 = x.numpy()
+
+    def np_norm() -> np.ndarray:
+        if kind == "layer_norm":
+            d = x0 - x0.mean(axis=1, keepdims=True)
+            return d / np.sqrt((d * d).mean(axis=1, keepdims=True) + np.float32(eps))
+        return x0 / np.sqrt((x0 * x0).mean(axis=1, keepdims=True) + np.float32(eps))
+
+    c.numpy = best_time(np_norm, mt)
+    if torch is not None:
+        tx = torch.from_numpy(x0)
+        tnorm = torch.nn.functional.layer_norm if kind == "layer_norm" else \
+            torch.nn.functional.rms_norm
+        c.torch = best_time(lambda: tnorm(tx, (cols,), eps=eps), mt)
+    c.notes["kernels"] = len(fast.kernels(x))
+    c.notes["max_abs_err_vs_numpy"] = float(np.max(np.abs(fast(x).numpy() - np_norm())))
+    return c
+
+
 def _tiny_case(quick: bool) -> Case:
     ctx = F.ExecContext()
     a = F.Tensor("d").from_slice(ctx, (8,), np.arange(8))
@@ -316,6 +349,9 @@ def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
              _gemm_trans_b_case(256 if quick else 1024, quick), _attention_case(quick),
              _linear_gelu_case(quick)]
     cases += run_quant_suite(quick)
+    rows = 512 if quick else 8192
+    cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,
+                                                                       quick)]
     if cold_warm:
         cases.append(_cold_warm_case())
     return cases

@@ -117,6 +117,9 @@ class TensorNotFound(TensorError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+class ActiveExecScopeUnsupported(TensorError):
+    """A storage-consuming op (take_add_no_grad, take_scale_no_grad) was given a tensor an
+    exec scope owns: consuming it would release the scope's reference early."""
 
 
 class TagError(TypeError):
@@ -151,5 +154,6 @@ __all__ = [
     "InvalidTensorInfo",
     "UnsupportedDType",
     "TensorNotFound",
+    "ActiveExecScopeUnsupported",
     "TagError",
 ]

@@ -106,6 +106,17 @@ ADDED = {
     B.F8Tensor: _names(_INTEROP, "from_numpy"),
     B.QuantTensor: _names(_INTEROP, _PACK),
 }
+# Issue 9's NN families: norms and gated units (f32, and forward-only on f16/bf16), the
+# f32-only snake/prelu, elemental ops, scans and inference helpers.
+_NN_HALF = "rms_norm rms_norm_mul layer_norm gated glu swiglu geglu"
+_NN_F32 = (
+    "rms_norm_mul_add group_norm standardize_axis l2_normalize situ split_gated snake prelu "
+    "elemental_unary elemental_binary linear_recurrence segment_sum bias_add "
+    "add_axis_vector_in_place add_axis_vector_unary_in_place add_scaled_in_place "
+    "take_add_no_grad take_scale_no_grad"
+)
+ADDED[B.F32Tensor] |= _names(_NN_HALF, _NN_F32)
+ADDED[B.HalfTensor] |= _names(_NN_HALF)
 UNIVERSE = set().union(*OLD.values(), *ADDED.values())
 BRANCH_OF = {
     "f32": B.F32Tensor, "f16": B.HalfTensor, "bf16": B.HalfTensor, "f64": B.F64Tensor,

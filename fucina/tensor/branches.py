@@ -14,6 +14,7 @@ families shared by all branches and the root :class:`Tensor`.
 from __future__ import annotations
 
 from ..dtypes import DType
+from .activations import ParamActivations
 from .autograd import Backward, Cast, Detach, GradAccess
 from .base import ItemAccess, Tensor
 from .construct import (
@@ -26,6 +27,9 @@ from .construct import (
     Wrap,
 )
 from .contract import Dot, Einsum, Matmul
+from .elemental import Elemental
+from .gated import Gated, GatedF32
+from .inplace import InPlace
 from .losses import Losses
 from .masks import MaskOps, Select
 from .math import (
@@ -38,7 +42,9 @@ from .math import (
     ScalarMath,
 )
 from .quantized import PackRhs, QuantizedMatmul
+from .norms import Norms, NormsF32
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
+from .scans import Scans
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
 from .unary import UnaryF32, UnaryMath
@@ -59,6 +65,7 @@ __all__ = [
 
 class F32Tensor(
     QuantizedMatmul, PackRhs,
+    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental, InPlace,
     Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
@@ -76,6 +83,7 @@ class F32Tensor(
 
 class HalfTensor(
     PackRhs,
+    Norms, Gated,
     Softmax, Einsum, Dot,
     FloatReductions, HalfSum,
     Select, UnaryMath,
