@@ -41,8 +41,8 @@ from .math import (
     Ordering,
     ScalarMath,
 )
-from .quantized import PackRhs, QuantizedMatmul
 from .norms import Norms, NormsF32
+from .quantized import PackRhs, QuantizedMatmul
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
 from .scans import Scans
 from .softmax import Softmax
