@@ -20,6 +20,7 @@ from .errors import (
     DivisionByZero,
     EmptySelection,
     GradientCastUnsupported,
+    GradientPreparedConv2dUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
     InvalidShape,
@@ -36,6 +37,7 @@ from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .tensor import SliceRange, Tensor, einsum_many
+from .tensor.conv import PreparedConvWeights
 
 __version__ = "0.1.0"
 
@@ -66,6 +68,8 @@ __all__ = [
     "EmptySelection",
     "ExecContext",
     "GradientCastUnsupported",
+    "GradientPreparedConv2dUnsupported",
+    "PreparedConvWeights",
     "IndexOutOfBounds",
     "InvalidDataLength",
     "InvalidShape",

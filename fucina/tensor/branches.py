@@ -23,6 +23,7 @@ from . import (  # noqa: F401 - fill POOL
     views,
 )
 from .base import POOL, Tensor
+from .conv import ConvOps
 
 _COMMON = (
     "deinit __enter__ __exit__ axis has_tag dim shape is_contiguous as_raw_tensor data "
@@ -90,14 +91,14 @@ def _names(*groups: str) -> list[str]:
     return out
 
 
-def _branch(name: str, *groups: str) -> type:
+def _branch(name: str, *groups: str, bases: tuple[type, ...] = (Tensor,)) -> type:
     ns: dict[str, Any] = {"__slots__": (), "__module__": "fucina"}
     for n in _names(*groups):
         ns[n] = POOL[n]
-    return type(Tensor)(name, (Tensor,), ns)
+    return type(Tensor)(name, bases, ns)
 
 
-F32Tensor = _branch("F32Tensor", _COMMON, _F32)
+F32Tensor = _branch("F32Tensor", _COMMON, _F32, bases=(ConvOps,))
 HalfTensor = _branch("HalfTensor", _COMMON, _SCALAR_CONST, _TYPED_FLOAT, _HALF)
 F64Tensor = _branch("F64Tensor", _COMMON, _SCALAR_CONST, _TYPED_FLOAT)
 IntTensor = _branch("IntTensor", _COMMON, _SCALAR_CONST, _INT_MATH)

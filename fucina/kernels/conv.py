@@ -1,0 +1,861 @@
+"""Convolution, pooling and patch kernels over channel-last f32 arrays.
+
+Layouts (all row-major f32): images ``[B, H, W, C]``, conv weights
+``[Cout, kH, kW, Cin/groups]``, patches ``[B, oH*oW, kH*kW, C]`` (window taps
+ordered ``(ky, kx)``, the channel fastest: the im2col layout). A window is the
+tuple ``(kh, kw, sh, sw, ph, pw, dh, dw)``: kernel, stride, zero padding and
+dilation per spatial axis.
+
+Routes for ``conv2d`` (groups == 1):
+
+- 3x3, stride 1, dilation 1, padding <= 1: Winograd F(2x2, 3x3). Sixteen
+  transform planes turn the 3x3 window into one batched GEMM per chunk of 2x2
+  output tiles (2.25x fewer multiplies than im2col). The transforms are Numba
+  loops over contiguous channel vectors; the GEMM is numpy's BLAS.
+- otherwise: im2col of a tile of output pixels into a cache-sized buffer, then
+  one BLAS GEMM per tile writing straight into the output rows.
+
+Grouped convs (depthwise included) run a direct Numba kernel. Every driver
+checks its arrays against the window before a kernel runs: kernels index
+only inside buffers whose sizes were verified here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from ..dtypes import DType
+from ..errors import ShapeMismatch
+from .reference import kernel
+
+# fastmath without nnan/ninf: NaN and inf inputs keep their IEEE meaning.
+_FM = {"nsz", "arcp", "contract", "afn", "reassoc"}
+_JIT = {"cache": True, "nogil": True, "fastmath": _FM}
+
+Window = tuple[int, int, int, int, int, int, int, int]
+
+#: Bytes of im2col buffer per GEMM tile (about one L2 cache).
+TILE_BYTES = 1 << 21
+#: Bytes of Winograd transform planes (input + product) per chunk of tiles.
+WINO_CHUNK_BYTES = 1 << 21
+
+
+def out_size(n: int, k: int, s: int, p: int, d: int) -> int:
+    """Output length of a window sweep (torch's floor formula); may be <= 0."""
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def out_hw(h: int, w: int, win: Window) -> tuple[int, int]:
+    """Output (height, width) of ``win`` over an ``h x w`` image."""
+    kh, kw, sh, sw, ph, pw, dh, dw = win
+    return out_size(h, kh, sh, ph, dh), out_size(w, kw, sw, pw, dw)
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _expect(a: np.ndarray, shape: tuple[int, ...], what: str) -> None:
+    if tuple(a.shape) != tuple(shape):
+        raise ShapeMismatch(f"{what}: array shape {tuple(a.shape)}, expected {tuple(shape)}")
+
+
+# -- im2col / col2im -------------------------------------------------------------------
+
+
+@njit(parallel=True, **_JIT)
+def _im2col(x, H, W, C, c0, cg, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, p0, p1, col):
+    """col[p - p0, (ky*kw + kx)*cg + c] = x[b, iy, ix, c0 + c] (0 outside the image)."""
+    K = kh * kw * cg
+    ohw = oH * oW
+    for p in prange(p0, p1):
+        b = p // ohw
+        r = p - b * ohw
+        oy = r // oW
+        ox = r - oy * oW
+        row = (p - p0) * K
+        for ky in range(kh):
+            iy = oy * sh - ph + ky * dh
+            for kx in range(kw):
+                ix = ox * sw - pw + kx * dw
+                o = row + (ky * kw + kx) * cg
+                dst = col[o:o + cg]
+                if iy >= 0 and iy < H and ix >= 0 and ix < W:
+                    s = ((b * H + iy) * W + ix) * C + c0
+                    src = x[s:s + cg]
+                    for c in range(cg):
+                        dst[c] = src[c]
+                else:
+                    for c in range(cg):
+                        dst[c] = 0.0
+
+
+@njit(parallel=True, **_JIT)
+def _col2im(col, B, H, W, C, c0, cg, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, dx):
+    """dx[b, iy, ix, c0 + c] = sum of the patch entries that read it (gather form).
+
+    ``col`` is ``[B*oH*oW, kh*kw*cg]``. Each input pixel sums its taps in
+    (ky, kx) order, so the result does not depend on the thread count.
+    """
+    K = kh * kw * cg
+    for bi in prange(B * H):
+        b = bi // H
+        iy = bi - b * H
+        for ix in range(W):
+            o = ((b * H + iy) * W + ix) * C + c0
+            d = dx[o:o + cg]
+            for c in range(cg):
+                d[c] = 0.0
+            for ky in range(kh):
+                ty = iy + ph - ky * dh
+                if ty < 0 or ty % sh != 0:
+                    continue
+                oy = ty // sh
+                if oy >= oH:
+                    continue
+                for kx in range(kw):
+                    tx = ix + pw - kx * dw
+                    if tx < 0 or tx % sw != 0:
+                        continue
+                    ox = tx // sw
+                    if ox >= oW:
+                        continue
+                    s = ((b * oH + oy) * oW + ox) * K + (ky * kw + kx) * cg
+                    src = col[s:s + cg]
+                    for c in range(cg):
+                        d[c] += src[c]
+
+
+def unfold(x: np.ndarray, win: Window) -> np.ndarray:
+    """Patches ``[B, oH*oW, kh*kw, C]`` of a ``[B, H, W, C]`` image (pad taps read 0)."""
+    x = _f32(x)
+    B, H, W, C = x.shape
+    kh, kw, sh, sw, ph, pw, dh, dw = win
+    oH, oW = out_hw(H, W, win)
+    _check_out(oH, oW, win, H, W)
+    col = np.empty(B * oH * oW * kh * kw * C, np.float32)
+    _im2col(x.reshape(-1), H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, 0,
+            B * oH * oW, col)
+    return col.reshape(B, oH * oW, kh * kw, C)
+
+
+def fold(cols: np.ndarray, hw: tuple[int, int], win: Window) -> np.ndarray:
+    """The adjoint of :func:`unfold`: scatter-add patches into ``[B, H, W, C]``."""
+    cols = _f32(cols)
+    B, L, KK, C = cols.shape
+    H, W = hw
+    kh, kw, sh, sw, ph, pw, dh, dw = win
+    oH, oW = out_hw(H, W, win)
+    _check_out(oH, oW, win, H, W)
+    _expect(cols, (B, oH * oW, kh * kw, C), "fold patches")
+    dx = np.empty(B * H * W * C, np.float32)
+    _col2im(cols.reshape(-1), B, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, dx)
+    return dx.reshape(B, H, W, C)
+
+
+def _check_out(oH: int, oW: int, win: Window, H: int, W: int) -> None:
+    if oH < 1 or oW < 1:
+        raise ShapeMismatch(f"window {win} leaves no output over a {H}x{W} image")
+
+
+# -- conv2d: im2col + GEMM ------------------------------------------------------------------
+
+
+def _epilogue(o: np.ndarray, bias: np.ndarray | None, relu: bool) -> None:
+    if bias is not None:
+        np.add(o, bias, out=o)
+    if relu:
+        np.maximum(o, np.float32(0), out=o)
+
+
+def _tile_rows(k: int, p: int) -> int:
+    return max(1, min(p, TILE_BYTES // (4 * k)))
+
+
+def _conv_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Window,
+               relu: bool, out: np.ndarray) -> None:
+    """groups == 1: per tile of output pixels, im2col then one GEMM into ``out``."""
+    B, H, W, C = x.shape
+    Co = w.shape[0]
+    kh, kw, sh, sw, ph, pw, dh, dw = win
+    oH, oW = out.shape[1], out.shape[2]
+    K = kh * kw * C
+    P = B * oH * oW
+    wt = w.reshape(Co, K).T  # [K, Co]: BLAS reads the transpose without a copy
+    o2 = out.reshape(P, Co)
+    if kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
+        np.matmul(x.reshape(P, C), wt, out=o2)  # a 1x1 conv is one plain GEMM
+        _epilogue(o2, bias, relu)
+        return
+    tile = _tile_rows(K, P)
+    col = np.empty(tile * K, np.float32)
+    xf = x.reshape(-1)
+    for p0 in range(0, P, tile):
+        p1 = min(P, p0 + tile)
+        _im2col(xf, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, p0, p1, col)
+        o = o2[p0:p1]
+        np.matmul(col[:(p1 - p0) * K].reshape(p1 - p0, K), wt, out=o)
+        _epilogue(o, bias, relu)
+
+
+# -- conv2d: Winograd F(2x2, 3x3) -------------------------------------------------------------
+
+# B^T rows as (first index, sign, second index, sign): d-row combinations.
+_BT = np.array([[0, 1, 2, -1], [1, 1, 2, 1], [2, 1, 1, -1], [1, 1, 3, -1]], np.int64)
+_G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64)
+
+
+@njit(inline="always", **_JIT)
+def _tap(x, z, b, iy, ix, H, W, C):
+    if iy >= 0 and iy < H and ix >= 0 and ix < W:
+        o = ((b * H + iy) * W + ix) * C
+        return x[o:o + C]
+    return z
+
+
+@njit(parallel=True, **_JIT)
+def _wino_in(x, z, H, W, C, ph, pw, tH, tW, t0, t1, bt, V):
+    """V[plane, t - t0, c] = (B^T d B)[plane] for each 4x4 input tile d.
+
+    Returns the sum of every V entry: non-finite exactly when some input of
+    these tiles is (B^T . B is invertible), which sends the caller to the
+    im2col route so NaN/inf stay local to the outputs that read them.
+    """
+    T = t1 - t0
+    TC = T * C
+    tpi = tH * tW
+    total = np.float32(0.0)
+    for t in prange(t0, t1):
+        b = t // tpi
+        r = t - b * tpi
+        ty = r // tW
+        tx = r - ty * tW
+        y0 = 2 * ty - ph
+        x0 = 2 * tx - pw
+        q = (t - t0) * C
+        acc = np.float32(0.0)
+        for i in range(4):
+            ra = bt[i, 0]
+            rb = bt[i, 2]
+            sr = np.float32(bt[i, 3])
+            for j in range(4):
+                ca = bt[j, 0]
+                cb = bt[j, 2]
+                sc = np.float32(bt[j, 3])
+                d0 = _tap(x, z, b, y0 + ra, x0 + ca, H, W, C)
+                d1 = _tap(x, z, b, y0 + ra, x0 + cb, H, W, C)
+                d2 = _tap(x, z, b, y0 + rb, x0 + ca, H, W, C)
+                d3 = _tap(x, z, b, y0 + rb, x0 + cb, H, W, C)
+                o = (i * 4 + j) * TC + q
+                v = V[o:o + C]
+                for c in range(C):
+                    s = (d0[c] + sc * d1[c]) + sr * (d2[c] + sc * d3[c])
+                    v[c] = s
+                    acc += s
+        total += acc
+    return total
+
+
+@njit(parallel=True, **_JIT)
+def _wino_out(M, bias, has_bias, relu, oH, oW, Co, tH, tW, t0, t1, out):
+    """out 2x2 tile = A^T m A (+ bias, relu) from the 16 product planes of each tile."""
+    T = t1 - t0
+    TC = T * Co
+    tpi = tH * tW
+    for t in prange(t0, t1):
+        b = t // tpi
+        r = t - b * tpi
+        ty = r // tW
+        tx = r - ty * tW
+        y = 2 * ty
+        xo = 2 * tx
+        q = (t - t0) * Co
+        m0 = M[q:q + Co]
+        m1 = M[TC + q:TC + q + Co]
+        m2 = M[2 * TC + q:2 * TC + q + Co]
+        m3 = M[3 * TC + q:3 * TC + q + Co]
+        m4 = M[4 * TC + q:4 * TC + q + Co]
+        m5 = M[5 * TC + q:5 * TC + q + Co]
+        m6 = M[6 * TC + q:6 * TC + q + Co]
+        m7 = M[7 * TC + q:7 * TC + q + Co]
+        m8 = M[8 * TC + q:8 * TC + q + Co]
+        m9 = M[9 * TC + q:9 * TC + q + Co]
+        m10 = M[10 * TC + q:10 * TC + q + Co]
+        m11 = M[11 * TC + q:11 * TC + q + Co]
+        m12 = M[12 * TC + q:12 * TC + q + Co]
+        m13 = M[13 * TC + q:13 * TC + q + Co]
+        m14 = M[14 * TC + q:14 * TC + q + Co]
+        m15 = M[15 * TC + q:15 * TC + q + Co]
+        for dy in range(2):
+            if y + dy >= oH:
+                continue
+            for dx in range(2):
+                if xo + dx >= oW:
+                    continue
+                o = ((b * oH + y + dy) * oW + xo + dx) * Co
+                dst = out[o:o + Co]
+                for c in range(Co):
+                    if dy == 0:
+                        r0 = m0[c] + m4[c] + m8[c]
+                        r1 = m1[c] + m5[c] + m9[c]
+                        r2 = m2[c] + m6[c] + m10[c]
+                        r3 = m3[c] + m7[c] + m11[c]
+                    else:
+                        r0 = m4[c] - m8[c] - m12[c]
+                        r1 = m5[c] - m9[c] - m13[c]
+                        r2 = m6[c] - m10[c] - m14[c]
+                        r3 = m7[c] - m11[c] - m15[c]
+                    if dx == 0:
+                        v = r0 + r1 + r2
+                    else:
+                        v = r1 - r2 - r3
+                    if has_bias:
+                        v += bias[c]
+                    if relu and v < 0:
+                        v = np.float32(0.0)
+                    dst[c] = v
+
+
+def winograd_eligible(w_shape: tuple[int, ...], win: Window, groups: int,
+                      hw_out: tuple[int, int] | None = None) -> bool:
+    """Whether a conv takes the Winograd F(2x2, 3x3) route (the reference's gate)."""
+    kh, kw, sh, sw, ph, pw, dh, dw = win
+    co, wkh, wkw, cg = w_shape
+    ok = (kh, kw, wkh, wkw, sh, sw, dh, dw) == (3, 3, 3, 3, 1, 1, 1, 1) and groups == 1 \
+        and ph <= 1 and pw <= 1 and cg >= 4
+    if ok and hw_out is not None:
+        ok = hw_out[0] >= 2 and hw_out[1] >= 2
+    return ok
+
+
+def winograd_weights(w: np.ndarray) -> np.ndarray:
+    """U = G g G^T per (in, out) channel pair: planes ``[16, Cin, Cout]`` (f64 math)."""
+    w = np.asarray(w, dtype=np.float64)
+    co, kh, kw, ci = w.shape
+    _expect(w, (co, 3, 3, ci), "winograd weights")
+    u = np.einsum("ik,klco,jl->ijco", _G, w.transpose(1, 2, 3, 0), _G, optimize=True)
+    return np.ascontiguousarray(u.reshape(16, ci, co), dtype=np.float32)
+
+
+def _conv_winograd(x: np.ndarray, u: np.ndarray, bias: np.ndarray | None, win: Window,
+                   relu: bool, out: np.ndarray) -> bool:
+    """The F(2x2, 3x3) route; False (nothing usable written) on a non-finite input."""
+    B, H, W, C = x.shape
+    Co = u.shape[2]
+    _expect(u, (16, C, Co), "winograd planes")
+    ph, pw = win[4], win[5]
+    oH, oW = out.shape[1], out.shape[2]
+    tH, tW = (oH + 1) // 2, (oW + 1) // 2
+    NT = B * tH * tW
+    chunk = max(16, min(NT, WINO_CHUNK_BYTES // (64 * (C + Co))))
+    V = np.empty(16 * chunk * C, np.float32)
+    M = np.empty(16 * chunk * Co, np.float32)
+    z = np.zeros(C, np.float32)
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    bvec = bias if bias is not None else z[:1]
+    for t0 in range(0, NT, chunk):
+        t1 = min(NT, t0 + chunk)
+        n = t1 - t0
+        if not math.isfinite(_wino_in(xf, z, H, W, C, ph, pw, tH, tW, t0, t1, _BT, V)):
+            return False
+        np.matmul(V[:16 * n * C].reshape(16, n, C), u, out=M[:16 * n * Co].reshape(16, n, Co))
+        _wino_out(M, bvec, bias is not None, relu, oH, oW, Co, tH, tW, t0, t1, of)
+    return True
+
+
+# -- conv2d: grouped (direct) ------------------------------------------------------------------
+
+
+@njit(parallel=True, **_JIT)
+def _conv_direct(x, wt, bias, has_bias, relu, B, H, W, C, Co, G, cg, cog,
+                 kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, out):
+    """Grouped conv, one output pixel at a time; ``wt`` is ``[kh, kw, cg, Co]``."""
+    for row in prange(B * oH):
+        b = row // oH
+        oy = row - b * oH
+        for ox in range(oW):
+            o = ((b * oH + oy) * oW + ox) * Co
+            acc = out[o:o + Co]
+            for c in range(Co):
+                acc[c] = bias[c] if has_bias else np.float32(0.0)
+            for ky in range(kh):
+                iy = oy * sh - ph + ky * dh
+                if iy < 0 or iy >= H:
+                    continue
+                for kx in range(kw):
+                    ix = ox * sw - pw + kx * dw
+                    if ix < 0 or ix >= W:
+                        continue
+                    s = ((b * H + iy) * W + ix) * C
+                    xs = x[s:s + C]
+                    wk = (ky * kw + kx) * cg * Co
+                    if cg == 1 and cog == 1:  # depthwise: one vector op over channels
+                        ws = wt[wk:wk + Co]
+                        for c in range(Co):
+                            acc[c] += xs[c] * ws[c]
+                    else:
+                        for g in range(G):
+                            ag = acc[g * cog:(g + 1) * cog]
+                            for ci in range(cg):
+                                xv = xs[g * cg + ci]
+                                w0 = wk + ci * Co + g * cog
+                                ws = wt[w0:w0 + cog]
+                                for co in range(cog):
+                                    ag[co] += xv * ws[co]
+            if relu:
+                for c in range(Co):
+                    if acc[c] < 0:
+                        acc[c] = 0.0
+
+
+@njit(parallel=True, **_JIT)
+def _conv_direct_dx(g, wt, B, H, W, C, Co, G, cg, cog, kh, kw, sh, sw, ph, pw, dh, dw,
+                    oH, oW, dx):
+    """Input gradient of the grouped conv, gathered per input pixel (race-free)."""
+    for row in prange(B * H):
+        b = row // H
+        iy = row - b * H
+        for ix in range(W):
+            o = ((b * H + iy) * W + ix) * C
+            d = dx[o:o + C]
+            for c in range(C):
+                d[c] = 0.0
+            for ky in range(kh):
+                ty = iy + ph - ky * dh
+                if ty < 0 or ty % sh != 0:
+                    continue
+                oy = ty // sh
+                if oy >= oH:
+                    continue
+                for kx in range(kw):
+                    tx = ix + pw - kx * dw
+                    if tx < 0 or tx % sw != 0:
+                        continue
+                    ox = tx // sw
+                    if ox >= oW:
+                        continue
+                    s = ((b * oH + oy) * oW + ox) * Co
+                    gs = g[s:s + Co]
+                    wk = (ky * kw + kx) * cg * Co
+                    if cg == 1 and cog == 1:
+                        ws = wt[wk:wk + Co]
+                        for c in range(C):
+                            d[c] += gs[c] * ws[c]
+                    else:
+                        for gr in range(G):
+                            gg = gs[gr * cog:(gr + 1) * cog]
+                            for ci in range(cg):
+                                w0 = wk + ci * Co + gr * cog
+                                ws = wt[w0:w0 + cog]
+                                acc = np.float32(0.0)
+                                for co in range(cog):
+                                    acc += gg[co] * ws[co]
+                                d[gr * cg + ci] += acc
+
+
+@njit(parallel=True, **_JIT)
+def _conv_direct_dw(x, g, B, H, W, C, Co, G, cg, cog, kh, kw, sh, sw, ph, pw, dh, dw,
+                    oH, oW, nchunk, part):
+    """Weight gradient of the grouped conv: chunk k of the output pixels sums into
+    ``part[k]`` (``[kh, kw, cg, Co]``); the caller adds the chunks in order."""
+    P = B * oH * oW
+    KW = kh * kw * cg * Co
+    ohw = oH * oW
+    for k in prange(nchunk):
+        acc = part[k * KW:(k + 1) * KW]
+        for i in range(KW):
+            acc[i] = 0.0
+        p0 = k * P // nchunk
+        p1 = (k + 1) * P // nchunk
+        for p in range(p0, p1):
+            b = p // ohw
+            r = p - b * ohw
+            oy = r // oW
+            ox = r - oy * oW
+            gs = g[p * Co:(p + 1) * Co]
+            for ky in range(kh):
+                iy = oy * sh - ph + ky * dh
+                if iy < 0 or iy >= H:
+                    continue
+                for kx in range(kw):
+                    ix = ox * sw - pw + kx * dw
+                    if ix < 0 or ix >= W:
+                        continue
+                    s = ((b * H + iy) * W + ix) * C
+                    xs = x[s:s + C]
+                    wk = (ky * kw + kx) * cg * Co
+                    if cg == 1 and cog == 1:
+                        a = acc[wk:wk + Co]
+                        for c in range(Co):
+                            a[c] += xs[c] * gs[c]
+                    else:
+                        for gr in range(G):
+                            gg = gs[gr * cog:(gr + 1) * cog]
+                            for ci in range(cg):
+                                xv = xs[gr * cg + ci]
+                                w0 = wk + ci * Co + gr * cog
+                                a = acc[w0:w0 + cog]
+                                for co in range(cog):
+                                    a[co] += xv * gg[co]
+
+
+def _direct_args(x_shape: tuple[int, ...], w_shape: tuple[int, ...], groups: int
+                 ) -> tuple[int, int, int, int, int, int, int, int]:
+    B, H, W, C = x_shape
+    Co, kh, kw, cg = w_shape
+    return B, H, W, C, Co, groups, cg, Co // groups
+
+
+# -- conv2d drivers ------------------------------------------------------------------------------
+
+
+def check_conv(x_shape: tuple[int, ...], w_shape: tuple[int, ...], win: Window,
+               groups: int) -> tuple[int, int]:
+    """Validate a conv's operand sizes; returns the output (height, width)."""
+    B, H, W, C = x_shape
+    Co, kh, kw, cg = w_shape
+    if groups < 1 or C % groups or Co % groups:
+        raise ShapeMismatch(f"groups={groups} must divide input channels {C} and output "
+                            f"channels {Co}")
+    if cg * groups != C:
+        raise ShapeMismatch(f"weight has {cg} input channels per group; input has {C} "
+                            f"channels in {groups} group(s)")
+    if (kh, kw) != (win[0], win[1]):
+        raise ShapeMismatch(f"weight window {kh}x{kw} differs from the window {win[:2]}")
+    oH, oW = out_hw(H, W, win)
+    _check_out(oH, oW, win, H, W)
+    return oH, oW
+
+
+def conv2d_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Window,
+                   groups: int, relu: bool = False, planes: np.ndarray | None = None
+                   ) -> np.ndarray:
+    """``[B, oH, oW, Cout]`` = conv of ``x`` with ``w`` (+ bias, relu).
+
+    ``planes`` are prepared Winograd weights (:func:`winograd_weights` of ``w``):
+    used on the Winograd route instead of transforming ``w`` again.
+    """
+    x = _f32(x)
+    w = _f32(w)
+    oH, oW = check_conv(x.shape, w.shape, win, groups)
+    B, Co = x.shape[0], w.shape[0]
+    if bias is not None:
+        bias = _f32(bias)
+        _expect(bias, (Co,), "conv bias")
+    out = np.empty((B, oH, oW, Co), np.float32)
+    if groups > 1:
+        B_, H, W, C, Co, G, cg, cog = _direct_args(x.shape, w.shape, groups)
+        wt = np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(-1)
+        kh, kw, sh, sw, ph, pw, dh, dw = win
+        _conv_direct(x.reshape(-1), wt, bias if bias is not None else wt[:1],
+                     bias is not None, relu, B, H, W, C, Co, G, cg, cog,
+                     kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, out.reshape(-1))
+        return out
+    if winograd_eligible(w.shape, win, groups, (oH, oW)):
+        u = planes if planes is not None else winograd_weights(w)
+        if np.isfinite(u).all() and _conv_winograd(x, u, bias, win, relu, out):
+            return out
+    _conv_gemm(x, w, bias, win, relu, out)
+    return out
+
+
+def conv2d_grad_input(g: np.ndarray, w: np.ndarray, in_shape: tuple[int, ...], win: Window,
+                      groups: int) -> np.ndarray:
+    """dL/dx of a conv (``g`` is dL/dout)."""
+    g = _f32(g)
+    w = _f32(w)
+    oH, oW = check_conv(in_shape, w.shape, win, groups)
+    B, H, W, C = in_shape
+    Co, kh, kw, cg = w.shape
+    _expect(g, (B, oH, oW, Co), "conv output gradient")
+    sh, sw, ph, pw, dh, dw = win[2:]
+    if groups > 1:
+        dx = np.empty(B * H * W * C, np.float32)
+        wt = np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(-1)
+        _conv_direct_dx(g.reshape(-1), wt, *_direct_args(in_shape, w.shape, groups),
+                        kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, dx)
+        return dx.reshape(in_shape)
+    fph, fpw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+    if sh == sw == 1 and fph >= 0 and fpw >= 0:
+        # Stride 1: the input gradient is a conv of g with the flipped, transposed
+        # weight (the forward routes, Winograd included, serve it).
+        wf = np.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(3, 1, 2, 0))
+        dx = conv2d_forward(g, wf, None, (kh, kw, 1, 1, fph, fpw, dh, dw), 1)
+        if dx.shape == tuple(in_shape):
+            return dx
+    # General stride: per chunk of images, dcol = g @ W then col2im.
+    K = kh * kw * C
+    wm = w.reshape(Co, K)
+    dx = np.empty(B * H * W * C, np.float32)
+    per = max(1, min(B, TILE_BYTES * 8 // max(1, 4 * oH * oW * K)))
+    for b0 in range(0, B, per):
+        b1 = min(B, b0 + per)
+        dcol = np.matmul(g[b0:b1].reshape(-1, Co), wm)
+        _col2im(dcol.reshape(-1), b1 - b0, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw,
+                oH, oW, dx[b0 * H * W * C:b1 * H * W * C])
+    return dx.reshape(in_shape)
+
+
+def conv2d_grad_weight(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], win: Window,
+                       groups: int) -> np.ndarray:
+    """dL/dweight of a conv, ``[Cout, kh, kw, Cin/groups]``."""
+    x = _f32(x)
+    g = _f32(g)
+    oH, oW = check_conv(x.shape, w_shape, win, groups)
+    B, H, W, C = x.shape
+    Co, kh, kw, cg = w_shape
+    _expect(g, (B, oH, oW, Co), "conv output gradient")
+    sh, sw, ph, pw, dh, dw = win[2:]
+    P = B * oH * oW
+    if groups > 1:
+        nchunk = min(P, 32)
+        KW = kh * kw * cg * Co
+        part = np.empty(nchunk * KW, np.float32)
+        _conv_direct_dw(x.reshape(-1), g.reshape(-1), *_direct_args(x.shape, w_shape, groups),
+                        kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, nchunk, part)
+        total = part.reshape(nchunk, KW).sum(axis=0, dtype=np.float32)
+        return np.ascontiguousarray(total.reshape(kh, kw, cg, Co).transpose(3, 0, 1, 2))
+    K = kh * kw * C
+    g2 = g.reshape(P, Co)
+    if kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
+        return np.matmul(g2.T, x.reshape(P, C)).reshape(w_shape)
+    tile = _tile_rows(K, P)
+    col = np.empty(tile * K, np.float32)
+    acc = np.zeros((Co, K), np.float32)
+    part = np.empty((Co, K), np.float32)
+    xf = x.reshape(-1)
+    for p0 in range(0, P, tile):
+        p1 = min(P, p0 + tile)
+        _im2col(xf, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, p0, p1, col)
+        np.matmul(g2[p0:p1].T, col[:(p1 - p0) * K].reshape(p1 - p0, K), out=part)
+        acc += part
+    return acc.reshape(w_shape)
+
+
+# -- pooling ---------------------------------------------------------------------------------------
+
+
+@njit(parallel=True, **_JIT)
+def _pool(x, B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, is_max, out):
+    """max (NaN propagates, pad taps skipped) or mean over the valid taps."""
+    for row in prange(B * oH):
+        b = row // oH
+        oy = row - b * oH
+        y0 = oy * sh - ph
+        ylo = max(y0, 0)
+        yhi = min(y0 + kh, H)
+        for ox in range(oW):
+            x0 = ox * sw - pw
+            xlo = max(x0, 0)
+            xhi = min(x0 + kw, W)
+            o = ((b * oH + oy) * oW + ox) * C
+            acc = out[o:o + C]
+            init = -np.inf if is_max else 0.0
+            for c in range(C):
+                acc[c] = init
+            for iy in range(ylo, yhi):
+                for ix in range(xlo, xhi):
+                    s = ((b * H + iy) * W + ix) * C
+                    xs = x[s:s + C]
+                    if is_max:
+                        for c in range(C):
+                            v = xs[c]
+                            if v > acc[c] or v != v:
+                                acc[c] = v
+                    else:
+                        for c in range(C):
+                            acc[c] += xs[c]
+            if not is_max:
+                n = np.float32((yhi - ylo) * (xhi - xlo))
+                for c in range(C):
+                    acc[c] = acc[c] / n
+
+
+@njit(parallel=True, **_JIT)
+def _max_pool_dx(x, g, B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, dx):
+    """Route each output's gradient to its window's max (torch's pick: the first
+    strict maximum in (ky, kx) order, or the last NaN). One image per task."""
+    for b in prange(B):
+        base = b * H * W * C
+        for i in range(H * W * C):
+            dx[base + i] = 0.0
+        for oy in range(oH):
+            y0 = oy * sh - ph
+            ylo = max(y0, 0)
+            yhi = min(y0 + kh, H)
+            for ox in range(oW):
+                x0 = ox * sw - pw
+                xlo = max(x0, 0)
+                xhi = min(x0 + kw, W)
+                go = ((b * oH + oy) * oW + ox) * C
+                for c in range(C):
+                    best = -np.inf
+                    at = ((b * H + ylo) * W + xlo) * C + c
+                    for iy in range(ylo, yhi):
+                        for ix in range(xlo, xhi):
+                            s = ((b * H + iy) * W + ix) * C + c
+                            v = x[s]
+                            if v > best or v != v:
+                                best = v
+                                at = s
+                    dx[at] += g[go + c]
+
+
+@njit(parallel=True, **_JIT)
+def _avg_pool_dx(g, B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, dx):
+    """dx[pixel] = sum over the windows that read it of g / (valid taps), gathered."""
+    for row in prange(B * H):
+        b = row // H
+        iy = row - b * H
+        for ix in range(W):
+            o = ((b * H + iy) * W + ix) * C
+            d = dx[o:o + C]
+            for c in range(C):
+                d[c] = 0.0
+            for ky in range(kh):
+                ty = iy + ph - ky
+                if ty < 0 or ty % sh != 0:
+                    continue
+                oy = ty // sh
+                if oy >= oH:
+                    continue
+                y0 = oy * sh - ph
+                ny = min(y0 + kh, H) - max(y0, 0)
+                for kx in range(kw):
+                    tx = ix + pw - kx
+                    if tx < 0 or tx % sw != 0:
+                        continue
+                    ox = tx // sw
+                    if ox >= oW:
+                        continue
+                    x0 = ox * sw - pw
+                    n = np.float32(ny * (min(x0 + kw, W) - max(x0, 0)))
+                    s = ((b * oH + oy) * oW + ox) * C
+                    gs = g[s:s + C]
+                    for c in range(C):
+                        d[c] += gs[c] / n
+
+
+def check_pool(x_shape: tuple[int, ...], win: Window) -> tuple[int, int]:
+    """Validate a pooling window; returns the output (height, width)."""
+    B, H, W, C = x_shape
+    oH, oW = out_hw(H, W, win)
+    _check_out(oH, oW, win, H, W)
+    return oH, oW
+
+
+def pool2d(x: np.ndarray, fn: str, win: Window) -> np.ndarray:
+    """max or avg pooling (valid taps only) of ``[B, H, W, C]``."""
+    x = _f32(x)
+    B, H, W, C = x.shape
+    oH, oW = check_pool(x.shape, win)
+    kh, kw, sh, sw, ph, pw = win[:6]
+    out = np.empty(B * oH * oW * C, np.float32)
+    _pool(x.reshape(-1), B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, fn == "max", out)
+    return out.reshape(B, oH, oW, C)
+
+
+def pool2d_grad(x: np.ndarray, g: np.ndarray, fn: str, win: Window) -> np.ndarray:
+    """dL/dx of :func:`pool2d` given dL/dout ``g``."""
+    x = _f32(x)
+    g = _f32(g)
+    B, H, W, C = x.shape
+    oH, oW = check_pool(x.shape, win)
+    _expect(g, (B, oH, oW, C), "pool output gradient")
+    kh, kw, sh, sw, ph, pw = win[:6]
+    dx = np.empty(B * H * W * C, np.float32)
+    if fn == "max":
+        _max_pool_dx(x.reshape(-1), g.reshape(-1), B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW,
+                     dx)
+    else:
+        _avg_pool_dx(g.reshape(-1), B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, dx)
+    return dx.reshape(B, H, W, C)
+
+
+# -- the primitives' reference kernels ------------------------------------------------------------
+
+
+@kernel("conv2d")
+def _k_conv2d(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    prepared = attrs.get("prepared")
+    planes = prepared.planes if prepared is not None else None
+    bias = ins[2] if len(ins) > 2 else None
+    return conv2d_forward(ins[0], ins[1], bias, attrs["window"], attrs["groups"],
+                          attrs.get("relu", False), planes)
+
+
+@kernel("conv2d_grad_input")
+def _k_conv2d_dx(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    return conv2d_grad_input(ins[0], ins[1], tuple(attrs["in_shape"]), attrs["window"],
+                             attrs["groups"])
+
+
+@kernel("conv2d_grad_weight")
+def _k_conv2d_dw(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    return conv2d_grad_weight(ins[0], ins[1], tuple(attrs["w_shape"]), attrs["window"],
+                              attrs["groups"])
+
+
+@kernel("unfold")
+def _k_unfold(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    return unfold(ins[0], attrs["window"])
+
+
+@kernel("fold")
+def _k_fold(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    return fold(ins[0], tuple(attrs["hw"]), attrs["window"])
+
+
+@kernel("pool2d")
+def _k_pool2d(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    return pool2d(ins[0], attrs["fn"], attrs["window"])
+
+
+@kernel("pool2d_grad")
+def _k_pool2d_grad(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    return pool2d_grad(ins[0], ins[1], attrs["fn"], attrs["window"])
+
+
+class PreparedConvWeights:
+    """Winograd weight planes built once from a conv2d weight (``fucina.PreparedConvWeights``).
+
+    ``PreparedConvWeights.empty`` is the inert value for a weight that can
+    never take the Winograd route; every conv route ignores it.
+    """
+
+    __slots__ = ("planes", "weight_shape", "_released")
+    empty: PreparedConvWeights
+
+    def __init__(self, planes: np.ndarray | None, weight_shape: tuple[int, ...] | None):
+        if planes is not None:
+            planes = np.ascontiguousarray(planes, dtype=np.float32)
+            planes.flags.writeable = False
+        self.planes = planes
+        self.weight_shape = weight_shape
+        self._released = False
+
+    @property
+    def is_empty(self) -> bool:
+        """True for the inert value (no planes)."""
+        return self.planes is None and not self._released
+
+    def deinit(self) -> None:
+        """Release the planes (a no-op on ``empty``)."""
+        if self.planes is not None:
+            self.planes = None
+            self._released = True
+
+    def __repr__(self) -> str:
+        if self._released:
+            return "PreparedConvWeights(<deinit'ed>)"
+        if self.planes is None:
+            return "PreparedConvWeights.empty"
+        return f"PreparedConvWeights(winograd F(2x2,3x3), weight {self.weight_shape})"
+
+
+PreparedConvWeights.empty = PreparedConvWeights(None, None)
