@@ -34,7 +34,8 @@ from .reference import kernel
 
 # fastmath without nnan/ninf: NaN and inf inputs keep their IEEE meaning.
 _FM = {"nsz", "arcp", "contract", "afn", "reassoc"}
-_JIT = {"cache": True, "nogil": True, "fastmath": _FM}
+_par = njit(parallel=True, cache=True, nogil=True, fastmath=_FM)
+_inline = njit(inline="always", cache=True, nogil=True, fastmath=_FM)
 
 Window = tuple[int, int, int, int, int, int, int, int]
 
@@ -67,7 +68,7 @@ def _expect(a: np.ndarray, shape: tuple[int, ...], what: str) -> None:
 # -- im2col / col2im -------------------------------------------------------------------
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _im2col(x, H, W, C, c0, cg, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, p0, p1, col):
     """col[p - p0, (ky*kw + kx)*cg + c] = x[b, iy, ix, c0 + c] (0 outside the image)."""
     K = kh * kw * cg
@@ -94,7 +95,7 @@ def _im2col(x, H, W, C, c0, cg, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, p0, p1, 
                         dst[c] = 0.0
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _col2im(col, B, H, W, C, c0, cg, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, dx):
     """dx[b, iy, ix, c0 + c] = sum of the patch entries that read it (gather form).
 
@@ -209,7 +210,7 @@ _BT = np.array([[0, 1, 2, -1], [1, 1, 2, 1], [2, 1, 1, -1], [1, 1, 3, -1]], np.i
 _G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64)
 
 
-@njit(inline="always", **_JIT)
+@_inline
 def _tap(x, z, b, iy, ix, H, W, C):
     if iy >= 0 and iy < H and ix >= 0 and ix < W:
         o = ((b * H + iy) * W + ix) * C
@@ -217,7 +218,7 @@ def _tap(x, z, b, iy, ix, H, W, C):
     return z
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _wino_in(x, z, H, W, C, ph, pw, tH, tW, t0, t1, bt, V):
     """V[plane, t - t0, c] = (B^T d B)[plane] for each 4x4 input tile d.
 
@@ -260,7 +261,7 @@ def _wino_in(x, z, H, W, C, ph, pw, tH, tW, t0, t1, bt, V):
     return total
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _wino_out(M, bias, has_bias, relu, oH, oW, Co, tH, tW, t0, t1, out):
     """out 2x2 tile = A^T m A (+ bias, relu) from the 16 product planes of each tile."""
     T = t1 - t0
@@ -371,7 +372,7 @@ def _conv_winograd(x: np.ndarray, u: np.ndarray, bias: np.ndarray | None, win: W
 # -- conv2d: grouped (direct) ------------------------------------------------------------------
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _conv_direct(x, wt, bias, has_bias, relu, B, H, W, C, Co, G, cg, cog,
                  kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, out):
     """Grouped conv, one output pixel at a time; ``wt`` is ``[kh, kw, cg, Co]``."""
@@ -413,7 +414,7 @@ def _conv_direct(x, wt, bias, has_bias, relu, B, H, W, C, Co, G, cg, cog,
                         acc[c] = 0.0
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _conv_direct_dx(g, wt, B, H, W, C, Co, G, cg, cog, kh, kw, sh, sw, ph, pw, dh, dw,
                     oH, oW, dx):
     """Input gradient of the grouped conv, gathered per input pixel (race-free)."""
@@ -458,7 +459,7 @@ def _conv_direct_dx(g, wt, B, H, W, C, Co, G, cg, cog, kh, kw, sh, sw, ph, pw, d
                                 d[gr * cg + ci] += acc
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _conv_direct_dw(x, g, B, H, W, C, Co, G, cg, cog, kh, kw, sh, sw, ph, pw, dh, dw,
                     oH, oW, nchunk, part):
     """Weight gradient of the grouped conv: chunk k of the output pixels sums into
@@ -640,7 +641,7 @@ def conv2d_grad_weight(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], w
 # -- pooling ---------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _pool(x, B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, is_max, out):
     """max (NaN propagates, pad taps skipped) or mean over the valid taps."""
     for row in prange(B * oH):
@@ -676,7 +677,7 @@ def _pool(x, B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, is_max, out):
                     acc[c] = acc[c] / n
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _max_pool_dx(x, g, B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, dx):
     """Route each output's gradient to its window's max (torch's pick: the first
     strict maximum in (ky, kx) order, or the last NaN). One image per task."""
@@ -706,7 +707,7 @@ def _max_pool_dx(x, g, B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, dx):
                     dx[at] += g[go + c]
 
 
-@njit(parallel=True, **_JIT)
+@_par
 def _avg_pool_dx(g, B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, dx):
     """dx[pixel] = sum over the windows that read it of g / (valid taps), gathered."""
     for row in prange(B * H):
