@@ -78,8 +78,10 @@ def _nhwc(t: Any, lead: tuple[int, ...]) -> Any:
 CONV2D_CASES = [
     # (lead, H, W, C, Cout, k, stride, pad, groups, bias)
     ((), 5, 6, 3, 4, (3, 3), (1, 1), (1, 1), 1, True),       # im2col (cin < 4)
-    ((2,), 7, 6, 8, 5, (3, 3), (1, 1), (1, 1), 1, True),     # Winograd, odd output
-    ((2,), 6, 6, 8, 6, (3, 3), (1, 1), (0, 0), 1, False),    # Winograd, no padding
+    ((2,), 7, 6, 8, 5, (3, 3), (1, 1), (1, 1), 1, True),     # Winograd F2, odd output
+    ((2,), 6, 6, 8, 6, (3, 3), (1, 1), (0, 0), 1, False),    # Winograd F2, no padding
+    ((1,), 10, 9, 8, 5, (3, 3), (1, 1), (1, 1), 1, True),    # Winograd F4, partial tiles
+    ((2,), 10, 11, 6, 4, (3, 3), (1, 1), (0, 1), 1, True),   # Winograd F4, mixed padding
     ((1,), 9, 8, 4, 3, (3, 3), (2, 2), (1, 1), 1, True),     # stride 2 (col2im grad)
     ((2,), 6, 7, 5, 3, (2, 3), (1, 2), (1, 0), 1, True),     # rectangular, mixed
     ((2,), 4, 4, 6, 7, (1, 1), (1, 1), (0, 0), 1, True),     # 1x1: one GEMM

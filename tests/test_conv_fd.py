@@ -56,7 +56,8 @@ OUT = ("oh", "ow", "oc")
 
 @pytest.mark.parametrize("route", [
     # (x shape, w shape, stride, pad, groups)
-    ((4, 4, 4), (3, 3, 3, 4), 1, 1, 1),   # Winograd
+    ((4, 4, 4), (3, 3, 3, 4), 1, 1, 1),   # Winograd F(2x2, 3x3)
+    ((8, 9, 4), (2, 3, 3, 4), 1, 1, 1),   # Winograd F(4x4, 3x3)
     ((5, 4, 2), (2, 3, 2, 2), 2, 1, 1),   # im2col + GEMM, stride 2 (col2im gradient)
     ((4, 4, 4), (4, 3, 3, 2), 1, 1, 2),   # grouped
 ])

@@ -8,10 +8,11 @@ dilation per spatial axis.
 
 Routes for ``conv2d`` (groups == 1):
 
-- 3x3, stride 1, dilation 1, padding <= 1: Winograd F(2x2, 3x3). Sixteen
-  transform planes turn the 3x3 window into one batched GEMM per chunk of 2x2
-  output tiles (2.25x fewer multiplies than im2col). The transforms are Numba
-  loops over contiguous channel vectors; the GEMM is numpy's BLAS.
+- 3x3, stride 1, dilation 1, padding <= 1: Winograd F(4x4, 3x3) (36 transform
+  planes, 4x fewer multiplies than im2col) on maps of at least 8x8, F(2x2, 3x3)
+  (16 planes, 2.25x fewer) below. The planes turn the 3x3 window into one
+  batched GEMM per chunk of output tiles; the transforms are Numba loops over
+  contiguous channel vectors, the GEMM is numpy's BLAS.
 - otherwise: im2col of a tile of output pixels into a cache-sized buffer, then
   one BLAS GEMM per tile writing straight into the output rows.
 
@@ -42,7 +43,7 @@ Window = tuple[int, int, int, int, int, int, int, int]
 #: Bytes of im2col buffer per GEMM tile (about one L2 cache).
 TILE_BYTES = 1 << 21
 #: Bytes of Winograd transform planes (input + product) per chunk of tiles.
-WINO_CHUNK_BYTES = 1 << 21
+WINO_CHUNK_BYTES = 1 << 23
 
 
 def out_size(n: int, k: int, s: int, p: int, d: int) -> int:
@@ -203,127 +204,149 @@ def _conv_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Windo
         _epilogue(o, bias, relu)
 
 
-# -- conv2d: Winograd F(2x2, 3x3) -------------------------------------------------------------
+# -- conv2d: Winograd F(m x m, 3x3) --------------------------------------------------------------
+#
+# Y = A^T [(G g G^T) . (B^T d B)] A per tile: d is an n x n input tile (n = m + 2),
+# Y its m x m outputs. The elementwise product over the n*n planes is, across
+# tiles and channels, one GEMM per plane: [tiles, Cin] x [Cin, Cout].
 
-# B^T rows as (first index, sign, second index, sign): d-row combinations.
-_BT = np.array([[0, 1, 2, -1], [1, 1, 2, 1], [2, 1, 1, -1], [1, 1, 3, -1]], np.int64)
-_G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64)
-
-
-@_inline
-def _tap(x, z, b, iy, ix, H, W, C):
-    if iy >= 0 and iy < H and ix >= 0 and ix < W:
-        o = ((b * H + iy) * W + ix) * C
-        return x[o:o + C]
-    return z
+_BT2 = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
+_G2 = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64)
+_AT2 = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
+_BT4 = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                 [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)
+_G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
+_AT4 = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+                 [0, 1, -1, 8, -8, 1]], np.float64)
+#: output tile size -> (B^T, G, A^T)
+WINOGRAD = {2: (_BT2, _G2, _AT2), 4: (_BT4, _G4, _AT4)}
+#: tiles per scratch block inside the transform kernels
+_BLOCK = 8
 
 
 @_par
-def _wino_in(x, z, H, W, C, ph, pw, tH, tW, t0, t1, bt, V):
-    """V[plane, t - t0, c] = (B^T d B)[plane] for each 4x4 input tile d.
+def _wino_in(x, H, W, C, ph, pw, tH, tW, t0, t1, m, bt, V):
+    """V[plane, t - t0, :] = (B^T d B)[plane] for the n x n input tile d of tile t.
 
-    Returns the sum of every V entry: non-finite exactly when some input of
-    these tiles is (B^T . B is invertible), which sends the caller to the
-    im2col route so NaN/inf stay local to the outputs that read them.
+    Separable: rows first into a scratch tile, then columns; every step is a
+    vector op over the contiguous channels. Returns the sum of every V entry,
+    non-finite exactly when an input of these tiles is (B^T . B is invertible),
+    which sends the caller to the im2col route so that NaN and inf reach only
+    the outputs whose window reads them.
     """
+    n = bt.shape[0]
     T = t1 - t0
     TC = T * C
     tpi = tH * tW
     total = np.float32(0.0)
-    for t in prange(t0, t1):
-        b = t // tpi
-        r = t - b * tpi
-        ty = r // tW
-        tx = r - ty * tW
-        y0 = 2 * ty - ph
-        x0 = 2 * tx - pw
-        q = (t - t0) * C
+    for blk in prange((T + _BLOCK - 1) // _BLOCK):
+        tmp = np.empty(n * n * C, np.float32)
         acc = np.float32(0.0)
-        for i in range(4):
-            ra = bt[i, 0]
-            rb = bt[i, 2]
-            sr = np.float32(bt[i, 3])
-            for j in range(4):
-                ca = bt[j, 0]
-                cb = bt[j, 2]
-                sc = np.float32(bt[j, 3])
-                d0 = _tap(x, z, b, y0 + ra, x0 + ca, H, W, C)
-                d1 = _tap(x, z, b, y0 + ra, x0 + cb, H, W, C)
-                d2 = _tap(x, z, b, y0 + rb, x0 + ca, H, W, C)
-                d3 = _tap(x, z, b, y0 + rb, x0 + cb, H, W, C)
-                o = (i * 4 + j) * TC + q
-                v = V[o:o + C]
-                for c in range(C):
-                    s = (d0[c] + sc * d1[c]) + sr * (d2[c] + sc * d3[c])
-                    v[c] = s
-                    acc += s
+        for t in range(t0 + blk * _BLOCK, min(t1, t0 + (blk + 1) * _BLOCK)):
+            b = t // tpi
+            r = t - b * tpi
+            ty = r // tW
+            tx = r - ty * tW
+            y0 = m * ty - ph
+            x0 = m * tx - pw
+            for j in range(n):  # tmp[i, j] = sum_k bt[i, k] d[k, j]
+                ix = x0 + j
+                for i in range(n):
+                    o = (i * n + j) * C
+                    dst = tmp[o:o + C]
+                    for c in range(C):
+                        dst[c] = 0.0
+                    if ix < 0 or ix >= W:
+                        continue
+                    for k in range(n):
+                        cf = np.float32(bt[i, k])
+                        iy = y0 + k
+                        if cf == 0 or iy < 0 or iy >= H:
+                            continue
+                        s = ((b * H + iy) * W + ix) * C
+                        src = x[s:s + C]
+                        for c in range(C):
+                            dst[c] += cf * src[c]
+            q = (t - t0) * C
+            for i in range(n):  # V[i, j] = sum_l tmp[i, l] bt[j, l]
+                for j in range(n):
+                    o = (i * n + j) * TC + q
+                    dst = V[o:o + C]
+                    for c in range(C):
+                        dst[c] = 0.0
+                    for k in range(n):
+                        cf = np.float32(bt[j, k])
+                        if cf == 0:
+                            continue
+                        s = (i * n + k) * C
+                        src = tmp[s:s + C]
+                        for c in range(C):
+                            dst[c] += cf * src[c]
+                    for c in range(C):
+                        acc += dst[c]
         total += acc
     return total
 
 
 @_par
-def _wino_out(M, bias, has_bias, relu, oH, oW, Co, tH, tW, t0, t1, out):
-    """out 2x2 tile = A^T m A (+ bias, relu) from the 16 product planes of each tile."""
+def _wino_out(M, bias, has_bias, relu, oH, oW, Co, tH, tW, t0, t1, m, at, out):
+    """Each tile's m x m outputs = A^T M A (+ bias, relu) from its n*n product planes."""
+    n = at.shape[1]
     T = t1 - t0
     TC = T * Co
     tpi = tH * tW
-    for t in prange(t0, t1):
-        b = t // tpi
-        r = t - b * tpi
-        ty = r // tW
-        tx = r - ty * tW
-        y = 2 * ty
-        xo = 2 * tx
-        q = (t - t0) * Co
-        m0 = M[q:q + Co]
-        m1 = M[TC + q:TC + q + Co]
-        m2 = M[2 * TC + q:2 * TC + q + Co]
-        m3 = M[3 * TC + q:3 * TC + q + Co]
-        m4 = M[4 * TC + q:4 * TC + q + Co]
-        m5 = M[5 * TC + q:5 * TC + q + Co]
-        m6 = M[6 * TC + q:6 * TC + q + Co]
-        m7 = M[7 * TC + q:7 * TC + q + Co]
-        m8 = M[8 * TC + q:8 * TC + q + Co]
-        m9 = M[9 * TC + q:9 * TC + q + Co]
-        m10 = M[10 * TC + q:10 * TC + q + Co]
-        m11 = M[11 * TC + q:11 * TC + q + Co]
-        m12 = M[12 * TC + q:12 * TC + q + Co]
-        m13 = M[13 * TC + q:13 * TC + q + Co]
-        m14 = M[14 * TC + q:14 * TC + q + Co]
-        m15 = M[15 * TC + q:15 * TC + q + Co]
-        for dy in range(2):
-            if y + dy >= oH:
-                continue
-            for dx in range(2):
-                if xo + dx >= oW:
+    for blk in prange((T + _BLOCK - 1) // _BLOCK):
+        tmp = np.empty(m * n * Co, np.float32)
+        for t in range(t0 + blk * _BLOCK, min(t1, t0 + (blk + 1) * _BLOCK)):
+            b = t // tpi
+            r = t - b * tpi
+            ty = r // tW
+            tx = r - ty * tW
+            q = (t - t0) * Co
+            for i in range(m):  # tmp[i, j] = sum_k at[i, k] M[k, j]
+                for j in range(n):
+                    o = (i * n + j) * Co
+                    dst = tmp[o:o + Co]
+                    for c in range(Co):
+                        dst[c] = 0.0
+                    for k in range(n):
+                        cf = np.float32(at[i, k])
+                        if cf == 0:
+                            continue
+                        s = (k * n + j) * TC + q
+                        src = M[s:s + Co]
+                        for c in range(Co):
+                            dst[c] += cf * src[c]
+            for i in range(m):  # y[i, j] = sum_l tmp[i, l] at[j, l]
+                y = m * ty + i
+                if y >= oH:
                     continue
-                o = ((b * oH + y + dy) * oW + xo + dx) * Co
-                dst = out[o:o + Co]
-                for c in range(Co):
-                    if dy == 0:
-                        r0 = m0[c] + m4[c] + m8[c]
-                        r1 = m1[c] + m5[c] + m9[c]
-                        r2 = m2[c] + m6[c] + m10[c]
-                        r3 = m3[c] + m7[c] + m11[c]
-                    else:
-                        r0 = m4[c] - m8[c] - m12[c]
-                        r1 = m5[c] - m9[c] - m13[c]
-                        r2 = m6[c] - m10[c] - m14[c]
-                        r3 = m7[c] - m11[c] - m15[c]
-                    if dx == 0:
-                        v = r0 + r1 + r2
-                    else:
-                        v = r1 - r2 - r3
-                    if has_bias:
-                        v += bias[c]
-                    if relu and v < 0:
-                        v = np.float32(0.0)
-                    dst[c] = v
+                for j in range(m):
+                    xo = m * tx + j
+                    if xo >= oW:
+                        continue
+                    o = ((b * oH + y) * oW + xo) * Co
+                    dst = out[o:o + Co]
+                    for c in range(Co):
+                        dst[c] = bias[c] if has_bias else np.float32(0.0)
+                    for k in range(n):
+                        cf = np.float32(at[j, k])
+                        if cf == 0:
+                            continue
+                        s = (i * n + k) * Co
+                        src = tmp[s:s + Co]
+                        for c in range(Co):
+                            dst[c] += cf * src[c]
+                    if relu:
+                        for c in range(Co):
+                            if dst[c] < 0:
+                                dst[c] = 0.0
 
 
 def winograd_eligible(w_shape: tuple[int, ...], win: Window, groups: int,
                       hw_out: tuple[int, int] | None = None) -> bool:
-    """Whether a conv takes the Winograd F(2x2, 3x3) route (the reference's gate)."""
+    """Whether a conv takes a Winograd route (the reference's gate)."""
     kh, kw, sh, sw, ph, pw, dh, dw = win
     co, wkh, wkw, cg = w_shape
     ok = (kh, kw, wkh, wkw, sh, sw, dh, dw) == (3, 3, 3, 3, 1, 1, 1, 1) and groups == 1 \
@@ -333,39 +356,47 @@ def winograd_eligible(w_shape: tuple[int, ...], win: Window, groups: int,
     return ok
 
 
-def winograd_weights(w: np.ndarray) -> np.ndarray:
-    """U = G g G^T per (in, out) channel pair: planes ``[16, Cin, Cout]`` (f64 math)."""
+def winograd_tile(hw_out: tuple[int, int]) -> int:
+    """Output tile size: F(4x4, 3x3) on maps of at least 8x8, F(2x2, 3x3) below."""
+    return 4 if min(hw_out) >= 8 else 2
+
+
+def winograd_weights(w: np.ndarray, m: int) -> np.ndarray:
+    """U = G g G^T per (in, out) channel pair: planes ``[n*n, Cin, Cout]`` (f64 math)."""
     w = np.asarray(w, dtype=np.float64)
     co, kh, kw, ci = w.shape
     _expect(w, (co, 3, 3, ci), "winograd weights")
-    u = np.einsum("ik,klco,jl->ijco", _G, w.transpose(1, 2, 3, 0), _G, optimize=True)
-    return np.ascontiguousarray(u.reshape(16, ci, co), dtype=np.float32)
+    g = WINOGRAD[m][1]
+    u = np.einsum("ik,klco,jl->ijco", g, w.transpose(1, 2, 3, 0), g, optimize=True)
+    return np.ascontiguousarray(u.reshape(-1, ci, co), dtype=np.float32)
 
 
-def _conv_winograd(x: np.ndarray, u: np.ndarray, bias: np.ndarray | None, win: Window,
-                   relu: bool, out: np.ndarray) -> bool:
-    """The F(2x2, 3x3) route; False (nothing usable written) on a non-finite input."""
+def _conv_winograd(x: np.ndarray, u: np.ndarray, m: int, bias: np.ndarray | None,
+                   win: Window, relu: bool, out: np.ndarray) -> bool:
+    """The F(m x m, 3x3) route; False (``out`` unusable) on a non-finite input."""
     B, H, W, C = x.shape
     Co = u.shape[2]
-    _expect(u, (16, C, Co), "winograd planes")
+    bt, _, at = WINOGRAD[m]
+    n = m + 2
+    _expect(u, (n * n, C, Co), "winograd planes")
     ph, pw = win[4], win[5]
     oH, oW = out.shape[1], out.shape[2]
-    tH, tW = (oH + 1) // 2, (oW + 1) // 2
+    tH, tW = -(-oH // m), -(-oW // m)
     NT = B * tH * tW
-    chunk = max(16, min(NT, WINO_CHUNK_BYTES // (64 * (C + Co))))
-    V = np.empty(16 * chunk * C, np.float32)
-    M = np.empty(16 * chunk * Co, np.float32)
-    z = np.zeros(C, np.float32)
+    chunk = max(_BLOCK, min(NT, WINO_CHUNK_BYTES // (4 * n * n * (C + Co))))
+    V = np.empty(n * n * chunk * C, np.float32)
+    M = np.empty(n * n * chunk * Co, np.float32)
     xf = x.reshape(-1)
     of = out.reshape(-1)
-    bvec = bias if bias is not None else z[:1]
+    bvec = bias if bias is not None else V[:1]
     for t0 in range(0, NT, chunk):
         t1 = min(NT, t0 + chunk)
-        n = t1 - t0
-        if not math.isfinite(_wino_in(xf, z, H, W, C, ph, pw, tH, tW, t0, t1, _BT, V)):
+        k = t1 - t0
+        if not math.isfinite(_wino_in(xf, H, W, C, ph, pw, tH, tW, t0, t1, m, bt, V)):
             return False
-        np.matmul(V[:16 * n * C].reshape(16, n, C), u, out=M[:16 * n * Co].reshape(16, n, Co))
-        _wino_out(M, bvec, bias is not None, relu, oH, oW, Co, tH, tW, t0, t1, of)
+        np.matmul(V[:n * n * k * C].reshape(n * n, k, C), u,
+                  out=M[:n * n * k * Co].reshape(n * n, k, Co))
+        _wino_out(M, bvec, bias is not None, relu, oH, oW, Co, tH, tW, t0, t1, m, at, of)
     return True
 
 
@@ -534,12 +565,12 @@ def check_conv(x_shape: tuple[int, ...], w_shape: tuple[int, ...], win: Window,
 
 
 def conv2d_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Window,
-                   groups: int, relu: bool = False, planes: np.ndarray | None = None
+                   groups: int, relu: bool = False, planes: dict[int, np.ndarray] | None = None
                    ) -> np.ndarray:
     """``[B, oH, oW, Cout]`` = conv of ``x`` with ``w`` (+ bias, relu).
 
-    ``planes`` are prepared Winograd weights (:func:`winograd_weights` of ``w``):
-    used on the Winograd route instead of transforming ``w`` again.
+    ``planes`` are prepared Winograd weights (tile size -> :func:`winograd_weights`
+    of ``w``): used on the Winograd routes instead of transforming ``w`` again.
     """
     x = _f32(x)
     w = _f32(w)
@@ -558,8 +589,9 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: W
                      kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, out.reshape(-1))
         return out
     if winograd_eligible(w.shape, win, groups, (oH, oW)):
-        u = planes if planes is not None else winograd_weights(w)
-        if np.isfinite(u).all() and _conv_winograd(x, u, bias, win, relu, out):
+        m = winograd_tile((oH, oW))
+        u = planes[m] if planes is not None else winograd_weights(w, m)
+        if np.isfinite(u).all() and _conv_winograd(x, u, m, bias, win, relu, out):
             return out
     _conv_gemm(x, w, bias, win, relu, out)
     return out
@@ -832,10 +864,11 @@ class PreparedConvWeights:
     __slots__ = ("planes", "weight_shape", "_released")
     empty: PreparedConvWeights
 
-    def __init__(self, planes: np.ndarray | None, weight_shape: tuple[int, ...] | None):
+    def __init__(self, planes: dict[int, np.ndarray] | None,
+                 weight_shape: tuple[int, ...] | None):
         if planes is not None:
-            planes = np.ascontiguousarray(planes, dtype=np.float32)
-            planes.flags.writeable = False
+            for u in planes.values():
+                u.flags.writeable = False
         self.planes = planes
         self.weight_shape = weight_shape
         self._released = False
@@ -856,7 +889,12 @@ class PreparedConvWeights:
             return "PreparedConvWeights(<deinit'ed>)"
         if self.planes is None:
             return "PreparedConvWeights.empty"
-        return f"PreparedConvWeights(winograd F(2x2,3x3), weight {self.weight_shape})"
+        return f"PreparedConvWeights(winograd F(2x2)/F(4x4), weight {self.weight_shape})"
+
+    @classmethod
+    def build(cls, w: np.ndarray) -> PreparedConvWeights:
+        """The planes of every Winograd tile size for weight ``w``."""
+        return cls({m: winograd_weights(w, m) for m in WINOGRAD}, tuple(w.shape))
 
 
 PreparedConvWeights.empty = PreparedConvWeights(None, None)

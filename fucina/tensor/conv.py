@@ -195,7 +195,7 @@ class ConvOps(Tensor):
         raw = self._node.value
         if raw.is_symbolic:
             raise TypeError("prepare_conv2d_weights runs at load time, outside compile")
-        return PreparedConvWeights(K.winograd_weights(raw.array()), shape)
+        return PreparedConvWeights.build(raw.array())
 
     def conv2d_prepared(self, weight: Tensor, prepared: PreparedConvWeights,
                         bias: Tensor | None, stride: Pair, padding: Pair, groups: int,
