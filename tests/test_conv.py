@@ -116,6 +116,23 @@ def test_conv2d_matches_torch(ctx, case):
     assert y.axis_tags == (*btags, "oh", "ow", "oc")
 
 
+def test_conv2d_reads_a_permuted_view(ctx):
+    """An NCHW-stored image made channel-last by tags (a strided view) convolves the
+    same as its contiguous copy, and the gradient lands in the NCHW layout."""
+    rng = np.random.default_rng(16)
+    x0 = _rand(rng, 2, 8, 5, 6)  # n, c, h, w
+    w0 = _rand(rng, 4, 3, 3, 8)
+    w = F.Tensor("o", "kh", "kw", "i").from_slice(ctx, w0.shape, w0)
+    x = F.Tensor("n", "c", "h", "w").variable_from_slice(ctx, x0.shape, x0)
+    y = x.permute_to(("n", "h", "w", "c")).conv2d(w, None, 1, 1, 1, ("oh", "ow", "oc"))
+    xt = torch.tensor(x0, requires_grad=True)
+    yt = tnf.conv2d(xt, torch.tensor(w0).permute(0, 3, 1, 2), None, 1, 1).permute(0, 2, 3, 1)
+    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-4, atol=1e-4)
+    y.sum_all().backward()
+    yt.sum().backward()
+    np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_conv2d_relu_fused_and_composed_agree(ctx):
     rng = np.random.default_rng(2)
     x = _rand(rng, 2, 6, 6, 8)
@@ -153,6 +170,8 @@ def test_conv2d_prepared_is_bitwise_conv2d(ctx):
                                   np.maximum(want, 0))
     fast = F.compile(lambda x: x.conv2d_prepared(w, prep, b, 1, 1, 1, tags))
     np.testing.assert_array_equal(fast(x).numpy(), want)
+    as_arg = F.compile(lambda x, p: x.conv2d_prepared(w, p, b, 1, 1, 1, tags))
+    np.testing.assert_array_equal(as_arg(x, prep).numpy(), want)
     # Routes that do not use the planes ignore them (stride 2 here).
     np.testing.assert_array_equal(x.conv2d_prepared(w, prep, b, 2, 1, 1, tags).numpy(),
                                   x.conv2d(w, b, 2, 1, 1, tags).numpy())
