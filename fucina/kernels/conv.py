@@ -31,6 +31,7 @@ from numba import njit, prange
 
 from ..dtypes import DType
 from ..errors import ShapeMismatch
+from ..runtime.storage import POOL
 from .reference import kernel
 
 # fastmath without nnan/ninf: NaN and inf inputs keep their IEEE meaning.
@@ -42,8 +43,9 @@ Window = tuple[int, int, int, int, int, int, int, int]
 
 #: Bytes of im2col buffer per GEMM tile (about one L2 cache).
 TILE_BYTES = 1 << 21
-#: Bytes of Winograd transform planes (input + product) per chunk of tiles.
-WINO_CHUNK_BYTES = 1 << 23
+#: Bytes of Winograd transform planes (input + product) per chunk of tiles: large, so
+#: a conv makes few BLAS calls and parallel regions (both stall on a busy machine).
+WINO_CHUNK_BYTES = 1 << 26
 
 
 def out_size(n: int, k: int, s: int, p: int, d: int) -> int:
@@ -55,6 +57,11 @@ def out_hw(h: int, w: int, win: Window) -> tuple[int, int]:
     """Output (height, width) of ``win`` over an ``h x w`` image."""
     kh, kw, sh, sw, ph, pw, dh, dw = win
     return out_size(h, kh, sh, ph, dh), out_size(w, kw, sw, pw, dw)
+
+
+def _scratch(count: int) -> np.ndarray:
+    """A pooled f32 work buffer (fresh large buffers pay a page fault per page)."""
+    return POOL.take(np.dtype(np.float32), count)
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -194,7 +201,7 @@ def _conv_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Windo
         _epilogue(o2, bias, relu)
         return
     tile = _tile_rows(K, P)
-    col = np.empty(tile * K, np.float32)
+    col = _scratch(tile * K)
     xf = x.reshape(-1)
     for p0 in range(0, P, tile):
         p1 = min(P, p0 + tile)
@@ -202,6 +209,7 @@ def _conv_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Windo
         o = o2[p0:p1]
         np.matmul(col[:(p1 - p0) * K].reshape(p1 - p0, K), wt, out=o)
         _epilogue(o, bias, relu)
+    POOL.give(col)
 
 
 # -- conv2d: Winograd F(m x m, 3x3) --------------------------------------------------------------
@@ -384,20 +392,24 @@ def _conv_winograd(x: np.ndarray, u: np.ndarray, m: int, bias: np.ndarray | None
     tH, tW = -(-oH // m), -(-oW // m)
     NT = B * tH * tW
     chunk = max(_BLOCK, min(NT, WINO_CHUNK_BYTES // (4 * n * n * (C + Co))))
-    V = np.empty(n * n * chunk * C, np.float32)
-    M = np.empty(n * n * chunk * Co, np.float32)
+    V = _scratch(n * n * chunk * C)
+    M = _scratch(n * n * chunk * Co)
     xf = x.reshape(-1)
     of = out.reshape(-1)
     bvec = bias if bias is not None else V[:1]
+    finite = True
     for t0 in range(0, NT, chunk):
         t1 = min(NT, t0 + chunk)
         k = t1 - t0
         if not math.isfinite(_wino_in(xf, H, W, C, ph, pw, tH, tW, t0, t1, m, bt, V)):
-            return False
+            finite = False
+            break
         np.matmul(V[:n * n * k * C].reshape(n * n, k, C), u,
                   out=M[:n * n * k * Co].reshape(n * n, k, Co))
         _wino_out(M, bvec, bias is not None, relu, oH, oW, Co, tH, tW, t0, t1, m, at, of)
-    return True
+    POOL.give(V)
+    POOL.give(M)
+    return finite
 
 
 # -- conv2d: grouped (direct) ------------------------------------------------------------------
@@ -658,7 +670,7 @@ def conv2d_grad_weight(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], w
     if kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
         return np.matmul(g2.T, x.reshape(P, C)).reshape(w_shape)
     tile = _tile_rows(K, P)
-    col = np.empty(tile * K, np.float32)
+    col = _scratch(tile * K)
     acc = np.zeros((Co, K), np.float32)
     part = np.empty((Co, K), np.float32)
     xf = x.reshape(-1)
@@ -667,6 +679,7 @@ def conv2d_grad_weight(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], w
         _im2col(xf, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, p0, p1, col)
         np.matmul(g2[p0:p1].T, col[:(p1 - p0) * K].reshape(p1 - p0, K), out=part)
         acc += part
+    POOL.give(col)
     return acc.reshape(w_shape)
 
 
