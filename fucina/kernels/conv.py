@@ -41,8 +41,8 @@ _inline = njit(inline="always", cache=True, nogil=True, fastmath=_FM)
 
 Window = tuple[int, int, int, int, int, int, int, int]
 
-#: Bytes of im2col buffer per GEMM tile (about one L2 cache).
-TILE_BYTES = 1 << 21
+#: Bytes of im2col buffer per GEMM tile: L3-sized, few BLAS calls per conv.
+TILE_BYTES = 1 << 23
 #: Bytes of Winograd transform planes (input + product) per chunk of tiles: large, so
 #: a conv makes few BLAS calls and parallel regions (both stall on a busy machine).
 WINO_CHUNK_BYTES = 1 << 26
@@ -637,7 +637,7 @@ def conv2d_grad_input(g: np.ndarray, w: np.ndarray, in_shape: tuple[int, ...], w
     K = kh * kw * C
     wm = w.reshape(Co, K)
     dx = np.empty(B * H * W * C, np.float32)
-    per = max(1, min(B, TILE_BYTES * 8 // max(1, 4 * oH * oW * K)))
+    per = max(1, min(B, 2 * TILE_BYTES // max(1, 4 * oH * oW * K)))
     for b0 in range(0, B, per):
         b1 = min(B, b0 + per)
         dcol = np.matmul(g[b0:b1].reshape(-1, Co), wm)
