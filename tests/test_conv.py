@@ -383,6 +383,9 @@ def test_channel_affine_matches_torch(ctx):
         xt.channel_affine(F.Tensor("c").ones(ctx, (4,)), F.Tensor("c").ones(ctx, (5,)))
     with pytest.raises(F.TagError, match="rank-1"):
         xt.channel_affine(F.Tensor("h", "c").ones(ctx, (2, 5)), F.Tensor("c").ones(ctx, (5,)))
+    with pytest.raises(F.TagError, match="at least 1"):
+        F.Tensor().scalar(ctx, 1.0).channel_affine(F.Tensor("c").ones(ctx, (1,)),
+                                                   F.Tensor("c").ones(ctx, (1,)))
 
 
 def test_relpos_shift_matches_definition(ctx):

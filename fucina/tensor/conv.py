@@ -277,7 +277,8 @@ class ConvOps(Tensor):
     def channel_affine(self, scale: Tensor, shift: Tensor) -> Tensor:
         """``x * scale[c] + shift[c]`` over the innermost (channel) axis (frozen-stats
         batch norm); ``scale``/``shift`` rank-1 ``[C]``. Differentiable in all three."""
-        c = self.shape[-1] if self.tag_count else 0
+        T.check_window_rank(self.axis_tags, 1, "channel_affine")
+        c = self.shape[-1]
         parts = []
         for v, what in ((scale, "scale"), (shift, "shift")):
             _f32_operand(self, v, what)
