@@ -23,6 +23,7 @@ from .errors import (
     EncoderUnavailable,
     GradientCastUnsupported,
     GradientPackedMatmulUnsupported,
+    GradientPreparedConv2dUnsupported,
     GradientQuantizedMatmulUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
@@ -49,6 +50,7 @@ from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .tensor import SliceRange, Tensor, einsum_many
+from .tensor.conv import PreparedConvWeights
 
 __version__ = "0.1.0"
 
@@ -96,6 +98,8 @@ __all__ = [
     "UnsupportedVersion",
     "ExecContext",
     "GradientCastUnsupported",
+    "GradientPreparedConv2dUnsupported",
+    "PreparedConvWeights",
     "IndexOutOfBounds",
     "InvalidDataLength",
     "InvalidShape",

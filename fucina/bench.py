@@ -238,6 +238,38 @@ def _norm_case(kind: str, rows: int, cols: int, quick: bool) -> Case:
     return c
 
 
+def _conv2d_case(quick: bool) -> Case:
+    """conv2d 3x3 64->64, channel-last by tags, vs torch in its faster layout."""
+    ctx = F.ExecContext()
+    b, hw, ch = (2, 28, 64) if quick else (8, 56, 64)
+    x = F.Tensor("b", "h", "w", "c").randn(ctx, (b, hw, hw, ch), 11)
+    w = F.Tensor("oc", "kh", "kw", "ic").randn(ctx, (ch, 3, 3, ch), 12).scale(0.05)
+    bias = F.Tensor("oc").randn(ctx, (ch,), 13)
+
+    def conv(x: Any, w: Any, bias: Any) -> Any:
+        return x.conv2d(w, bias, 1, 1, 1, ("oh", "ow", "oc"))
+
+    fast = F.compile(conv)
+    c = Case(f"conv2d 3x3 [{b},{hw},{hw},{ch}]->{ch} NHWC")
+    mt = 0.2 if quick else 1.0
+    c.eager = best_time(lambda: conv(x, w, bias), mt)
+    c.compiled = best_time(lambda: fast(x, w, bias), mt)
+    if torch is not None:
+        tx = torch.from_numpy(x.numpy()).permute(0, 3, 1, 2)  # channels_last memory
+        tw = torch.from_numpy(w.numpy()).permute(0, 3, 1, 2)
+        tb = torch.from_numpy(bias.numpy())
+        nchw, wn = tx.contiguous(), tw.contiguous()
+        with torch.no_grad():
+            t_cl = best_time(lambda: torch.nn.functional.conv2d(tx, tw, tb, 1, 1), mt)
+            t_nchw = best_time(lambda: torch.nn.functional.conv2d(nchw, wn, tb, 1, 1), mt)
+            want = torch.nn.functional.conv2d(tx, tw, tb, 1, 1).permute(0, 2, 3, 1).numpy()
+        c.torch = min(t_cl, t_nchw)
+        c.notes["torch_layout"] = "channels_last" if t_cl <= t_nchw else "NCHW"
+        c.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(x, w, bias).numpy()
+                                                              - want)))
+    return c
+
+
 def _tiny_case(quick: bool) -> Case:
     ctx = F.ExecContext()
     a = F.Tensor("d").from_slice(ctx, (8,), np.arange(8))
@@ -347,7 +379,7 @@ def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
     cases = [_chain_case(n, quick), _five_op_case(quick),
              _softmax_case(512 if quick else 4096, 1024, quick), _tiny_case(quick),
              _gemm_trans_b_case(256 if quick else 1024, quick), _attention_case(quick),
-             _linear_gelu_case(quick)]
+             _linear_gelu_case(quick), _conv2d_case(quick)]
     cases += run_quant_suite(quick)
     rows = 512 if quick else 8192
     cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,

@@ -54,6 +54,10 @@ class UnsupportedGradient(TensorError):
     """The op cannot propagate gradients for this combination of operands."""
 
 
+class GradientPreparedConv2dUnsupported(UnsupportedGradient):
+    """A prepared-weight conv2d entry was given an operand that requires grad."""
+
+
 class DivisionByZero(TensorError):
     """Integer division by zero."""
 
@@ -138,6 +142,7 @@ __all__ = [
     "GradientCastUnsupported",
     "NoGradientGraph",
     "UnsupportedGradient",
+    "GradientPreparedConv2dUnsupported",
     "MissingOutputGradient",
     "DivisionByZero",
     "ContextMismatch",

@@ -115,7 +115,13 @@ _NN_F32 = (
     "add_axis_vector_in_place add_axis_vector_unary_in_place add_scaled_in_place "
     "take_add_no_grad take_scale_no_grad"
 )
-ADDED[B.F32Tensor] |= _names(_NN_HALF, _NN_F32)
+_NN_CONV = (
+    "avg_pool2d causal_conv1d causal_depthwise_conv1d channel_affine conv1d conv2d "
+    "conv2d_prepared conv2d_prepared_relu conv2d_relu conv_transpose1d fold "
+    "grouped_causal_conv1d max_pool2d prepare_conv2d_weights relpos_shift unfold "
+    "upsample2x_nearest"
+)
+ADDED[B.F32Tensor] |= _names(_NN_HALF, _NN_F32, _NN_CONV)
 ADDED[B.HalfTensor] |= _names(_NN_HALF)
 UNIVERSE = set().union(*OLD.values(), *ADDED.values())
 BRANCH_OF = {

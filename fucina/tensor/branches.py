@@ -27,6 +27,7 @@ from .construct import (
     Wrap,
 )
 from .contract import Dot, Einsum, Matmul
+from .conv import ConvOps
 from .elemental import Elemental
 from .gated import Gated, GatedF32
 from .inplace import InPlace
@@ -66,7 +67,7 @@ __all__ = [
 class F32Tensor(
     QuantizedMatmul, PackRhs,
     NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental, InPlace,
-    Losses, Softmax, Matmul, Einsum, Dot,
+    ConvOps, Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
     Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
