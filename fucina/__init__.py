@@ -23,6 +23,8 @@ from .errors import (
     IndexOutOfBounds,
     InvalidDataLength,
     InvalidShape,
+    LinearCrossEntropyBackwardConsumed,
+    LinearDistillBackwardConsumed,
     MissingOutputGradient,
     MutableDataRequiresNoGrad,
     NoGradientGraph,
@@ -36,6 +38,7 @@ from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .tensor import SliceRange, Tensor, einsum_many
+from .tensor.selection import RouterTopKResult, TopKResult
 
 __version__ = "0.1.0"
 
@@ -69,14 +72,18 @@ __all__ = [
     "IndexOutOfBounds",
     "InvalidDataLength",
     "InvalidShape",
+    "LinearCrossEntropyBackwardConsumed",
+    "LinearDistillBackwardConsumed",
     "MissingOutputGradient",
     "MutableDataRequiresNoGrad",
     "NoGradientGraph",
     "ShapeMismatch",
+    "RouterTopKResult",
     "SliceRange",
     "TagError",
     "Tensor",
     "TensorError",
+    "TopKResult",
     "UnsupportedGradient",
     "UnsupportedView",
     "einsum_many",

@@ -66,6 +66,16 @@ class Deinitialized(TensorError):
     """The tensor was deinit'ed (or released by its exec scope) and cannot be used."""
 
 
+class LinearCrossEntropyBackwardConsumed(TensorError):
+    """A second backward through one ``linear_cross_entropy`` result: its backward turns
+    the saved logits into their gradient in place, so the record is single-use."""
+
+
+class LinearDistillBackwardConsumed(TensorError):
+    """A second backward through one ``linear_distill`` result (single-use record, as
+    ``linear_cross_entropy``)."""
+
+
 class TagError(TypeError):
     """A tag-level violation: unknown, duplicate or misplaced tags, rank overflow."""
 
@@ -86,5 +96,7 @@ __all__ = [
     "DivisionByZero",
     "ContextMismatch",
     "Deinitialized",
+    "LinearCrossEntropyBackwardConsumed",
+    "LinearDistillBackwardConsumed",
     "TagError",
 ]

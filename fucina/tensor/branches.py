@@ -38,6 +38,7 @@ from .math import (
     ScalarMath,
 )
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
+from .selection import Selection
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
 from .unary import UnaryF32, UnaryMath
@@ -57,7 +58,7 @@ __all__ = [
 
 
 class F32Tensor(
-    Losses, Softmax, Matmul, Einsum, Dot,
+    Losses, Selection, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
     Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
