@@ -115,6 +115,9 @@ class SavedLogits:
         self.claimed = False
         self.error = error
 
+    def __repr__(self) -> str:  # what fast.ir() prints for the attribute
+        return "saved-logits"
+
     def take(self, rows: int, cols: int) -> np.ndarray:
         """A [rows, cols] f32 buffer for the logits."""
         count = rows * cols

@@ -16,7 +16,8 @@ from .vecmath import exp_f32, log_f32
 
 # No nnan/ninf: NaN and inf logits keep their meaning (a NaN row gives a NaN loss).
 _FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
-_opts = {"cache": True, "fastmath": _FAST, "nogil": True, "error_model": "numpy"}
+_serial = njit(cache=True, fastmath=_FAST, nogil=True, error_model="numpy")
+_rows = njit(parallel=True, cache=True, fastmath=_FAST, nogil=True, error_model="numpy")
 
 #: Columns of a cross-entropy stats row: the loss, the row's log-sum-exp, the 0/1
 #: weight (0 for an ignored position).
@@ -24,7 +25,7 @@ STAT_LOSS, STAT_LSE, STAT_KEEP = 0, 1, 2
 STATS = 3
 
 
-@njit(**_opts)
+@_serial
 def _row_lse(x, p):  # noqa: ANN001, ANN202 - numba-typed
     """log(sum(exp(x[p]))), shifted by the row max (by 0 when the max is +-inf)."""
     k = x.shape[1]
@@ -39,7 +40,7 @@ def _row_lse(x, p):  # noqa: ANN001, ANN202 - numba-typed
     return shift + log_f32(s)
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def ce_forward(x, labels, ignore, smooth, out):  # noqa: ANN001, ANN201
     """Per row p: stats ``out[p] = (loss, lse, keep)``.
 
@@ -68,7 +69,7 @@ def ce_forward(x, labels, ignore, smooth, out):  # noqa: ANN001, ANN201
         out[p, 2] = 1.0
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def ce_backward(x, labels, smooth, stats, g, out):  # noqa: ANN001, ANN201
     """d loss / d x for per-row loss gradients ``g``:
     ``g_p keep_p (softmax(x_p) - (1 - smooth) onehot - smooth / K)``."""
@@ -87,7 +88,7 @@ def ce_backward(x, labels, smooth, stats, g, out):  # noqa: ANN001, ANN201
         out[p, labels[p]] -= gp * on
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def softmax_panel_inplace(z, labels, ignore, smooth, scale, g, lse):  # noqa: ANN001, ANN201
     """Turn saved logits ``z`` [rows, K] into their gradient in place:
     ``z_p <- scale g_p (softmax(z_p) - (1 - smooth) onehot(label_p) - smooth / K)``,
@@ -108,14 +109,14 @@ def softmax_panel_inplace(z, labels, ignore, smooth, scale, g, lse):  # noqa: AN
         z[p, lab] -= gp * on
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def lse_rows(z, out):  # noqa: ANN001, ANN201
     """Row log-sum-exp of ``z`` [rows, K] into ``out`` [rows]."""
     for p in prange(z.shape[0]):
         out[p] = _row_lse(z, p)
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def scaled_softmax_inplace(z, lse, scale):  # noqa: ANN001, ANN201
     """``z_p <- scale_p * softmax(z_p)`` in place, with the rows' log-sum-exp given."""
     n, k = z.shape

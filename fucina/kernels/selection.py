@@ -18,14 +18,15 @@ from numba import njit, prange
 
 from ..rng import uniform53_jit
 
-_opts = {"cache": True, "nogil": True, "error_model": "numpy"}
+_serial = njit(cache=True, nogil=True, error_model="numpy")
+_rows = njit(parallel=True, cache=True, nogil=True, error_model="numpy")
 
 #: Below this many elements per row a top-k keeps a sorted buffer of k candidates
 #: (one admission test per element); above it, or for large k, rows are sorted.
 _INSERT_MAX_K = 32
 
 
-@njit(**_opts)
+@_serial
 def _topk_insert(row, k, out_idx):  # noqa: ANN001, ANN202 - numba-typed
     """Largest k non-NaN values of ``row`` (descending, ties by index) into ``out_idx``;
     returns how many slots were filled."""
@@ -52,7 +53,7 @@ def _topk_insert(row, k, out_idx):  # noqa: ANN001, ANN202 - numba-typed
     return filled
 
 
-@njit(**_opts)
+@_serial
 def _order(row, descending):  # noqa: ANN001, ANN202
     """Stable argsort of one row, NaN last in either direction."""
     if descending:
@@ -60,7 +61,7 @@ def _order(row, descending):  # noqa: ANN001, ANN202
     return np.argsort(row, kind="mergesort")
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def topk_rows(x, k, out):  # noqa: ANN001, ANN201
     """``out[p]``: indices of the k largest non-NaN values of ``x[p]``, descending;
     -1 marks slots left unfilled (fewer than k non-NaN values)."""
@@ -83,14 +84,14 @@ def topk_rows(x, k, out):  # noqa: ANN001, ANN201
             out[p, j] = -1
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def sort_rows(x, descending, out):  # noqa: ANN001, ANN201
     """``out[p]``: the stable sort order of ``x[p]`` (NaN last)."""
     for p in prange(x.shape[0]):
         out[p] = _order(x[p], descending)
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def multinomial_rows(w, num, seed, replacement, out):  # noqa: ANN001, ANN201
     """Categorical draws from unnormalized non-negative rows (validated by the caller).
 
@@ -125,7 +126,7 @@ def multinomial_rows(w, num, seed, replacement, out):  # noqa: ANN001, ANN201
                 mass[pick] = 0.0
 
 
-@njit(parallel=True, **_opts)
+@_rows
 def router_rows(x, k, normalize, selected, weights):  # noqa: ANN001, ANN201
     """Per row: the top-k experts (as :func:`topk_rows`) and their softmax probability
     over the full row (f64 accumulation), renormalized over the k when ``normalize``."""

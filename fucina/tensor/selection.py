@@ -107,7 +107,7 @@ class Selection(Tensor):
         n = self._node.shape[axis]
         idx = emit("topk_index", (self._node,), axis=axis, k=n, sort=True,
                    descending=bool(descending))
-        return _indices(self, self.axis_tags, idx)  # type: ignore[no-any-return]
+        return _indices(self, self.axis_tags, idx)
 
     def multinomial(self, class_tag: str, out_tag: str, num_samples: int, seed: int,
                     replacement: bool) -> I64Tensor:
@@ -135,7 +135,7 @@ class Selection(Tensor):
                                f"classes")
         node = emit("multinomial", (self._node,), axis=axis, k=num, seed=int(seed) & MASK64,
                     replacement=bool(replacement))
-        return _indices(self, out, node)  # type: ignore[no-any-return]
+        return _indices(self, out, node)
 
     def router_top_k(self, expert_tag: str, k: int, selected: np.ndarray | None = None,
                      weights: np.ndarray | None = None, normalize_selected: bool = True,
