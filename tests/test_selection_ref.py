@@ -65,6 +65,20 @@ def test_ties_keep_their_order(ctx):
                                   [10, 40, 70, 0, 1])
 
 
+@pytest.mark.parametrize("k", [1, 5, 24, 120])  # the candidate heap, then whole-row sorts
+@pytest.mark.parametrize("order", ["random", "ascending", "descending"])
+def test_top_k_against_a_stable_numpy_sort(ctx, k, order):
+    rng = np.random.default_rng(k)
+    x0 = rng.integers(0, 6, (7, 200)).astype(np.float32)  # many ties
+    if order != "random":
+        x0 = np.sort(x0, axis=1)
+        x0 = x0 if order == "ascending" else x0[:, ::-1].copy()
+    want = np.argsort(-x0, axis=1, kind="stable")[:, :k]
+    top = _t(ctx, ("r", "c"), x0).top_k("c", k, "k")
+    np.testing.assert_array_equal(top.indices.numpy(), want)
+    np.testing.assert_array_equal(top.values.numpy(), np.take_along_axis(x0, want, 1))
+
+
 def test_values_gradients_scatter_back(ctx):
     x = _t(ctx, ("r", "c"), [[0.5, 3.0, 1.0, 2.0], [np.nan, -1.0, 4.0, 0.0]], variable=True)
     top = x.top_k("c", 3, "k")

@@ -21,35 +21,57 @@ from ..rng import uniform53_jit
 _serial = njit(cache=True, nogil=True, error_model="numpy")
 _rows = njit(parallel=True, cache=True, nogil=True, error_model="numpy")
 
-#: Below this many elements per row a top-k keeps a sorted buffer of k candidates
-#: (one admission test per element); above it, or for large k, rows are sorted.
-_INSERT_MAX_K = 32
+@_serial
+def _worse(va, ia, vb, ib):  # noqa: ANN001, ANN202 - numba-typed
+    """Whether (value a, index a) ranks below (value b, index b) in a descending top-k."""
+    return va < vb or (va == vb and ia > ib)
 
 
 @_serial
-def _topk_insert(row, k, out_idx):  # noqa: ANN001, ANN202 - numba-typed
-    """Largest k non-NaN values of ``row`` (descending, ties by index) into ``out_idx``;
-    returns how many slots were filled."""
+def _topk_heap(row, k, out_idx):  # noqa: ANN001, ANN202
+    """Largest k non-NaN values of ``row`` (descending, ties by index) into ``out_idx``
+    through a k-entry min-heap of candidates (O(n log k) in any input order); returns
+    how many slots were filled."""
     vals = np.empty(k, np.float32)
+    idx = np.empty(k, np.int64)
     filled = 0
     for j in range(row.shape[0]):
         v = row[j]
         if v != v:
             continue
-        if filled == k:
-            if not v > vals[k - 1]:
-                continue
-            pos = k - 1
-        else:
+        if filled < k:  # grow the heap: sift the newcomer up
             pos = filled
             filled += 1
-        # shift smaller entries down; an equal value stays ahead (lower index wins)
-        while pos > 0 and v > vals[pos - 1]:
-            vals[pos] = vals[pos - 1]
-            out_idx[pos] = out_idx[pos - 1]
-            pos -= 1
+            while pos > 0:
+                parent = (pos - 1) >> 1
+                if not _worse(v, j, vals[parent], idx[parent]):
+                    break
+                vals[pos] = vals[parent]
+                idx[pos] = idx[parent]
+                pos = parent
+        elif v > vals[0]:  # beats the worst candidate (a tie loses: its index is larger)
+            pos = 0
+            while True:
+                c = 2 * pos + 1
+                if c >= k:
+                    break
+                if c + 1 < k and _worse(vals[c + 1], idx[c + 1], vals[c], idx[c]):
+                    c += 1
+                if not _worse(vals[c], idx[c], v, j):
+                    break
+                vals[pos] = vals[c]
+                idx[pos] = idx[c]
+                pos = c
+        else:
+            continue
         vals[pos] = v
-        out_idx[pos] = j
+        idx[pos] = j
+    by_index = np.argsort(idx[:filled])
+    v2 = vals[:filled][by_index]
+    i2 = idx[:filled][by_index]
+    order = np.argsort(-v2, kind="mergesort")  # stable: equal values keep index order
+    for q in range(filled):
+        out_idx[q] = i2[order[q]]
     return filled
 
 
@@ -66,10 +88,10 @@ def topk_rows(x, k, out):  # noqa: ANN001, ANN201
     """``out[p]``: indices of the k largest non-NaN values of ``x[p]``, descending;
     -1 marks slots left unfilled (fewer than k non-NaN values)."""
     n = x.shape[1]
-    small = k <= _INSERT_MAX_K and k * 8 < n
+    small = k * 8 < n  # a heap of candidates; sorting whole rows wins for larger k
     for p in prange(x.shape[0]):
         if small:
-            filled = _topk_insert(x[p], k, out[p])
+            filled = _topk_heap(x[p], k, out[p])
         else:
             order = _order(x[p], True)
             filled = 0
@@ -133,8 +155,8 @@ def router_rows(x, k, normalize, selected, weights):  # noqa: ANN001, ANN201
     n = x.shape[1]
     for p in prange(x.shape[0]):
         idx = np.empty(k, np.int64)
-        if k <= _INSERT_MAX_K and k * 8 < n:
-            filled = _topk_insert(x[p], k, idx)
+        if k * 8 < n:
+            filled = _topk_heap(x[p], k, idx)
         else:
             order = _order(x[p], True)
             filled = 0
