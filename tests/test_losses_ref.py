@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fucina as F
 
@@ -443,3 +445,86 @@ def test_loss_argument_errors(ctx):
         x.linear_distill(w, [0], [0], _var(ctx, ("e",), [1.0]))
     with pytest.raises(F.InvalidShape):
         x.cosine_similarity(x, "c", eps=0.0)
+
+
+# -- eager == compiled on random programs through the loss and selection ops -------------
+
+_SIZES = {"a": 3, "b": 4, "c": 5}
+_LOSS_OPS = ["cross_entropy", "nll_loss", "mse_loss", "huber_loss", "bce_logits", "bce_probs",
+             "kl_div", "cosine", "top_k", "sort", "linear_ce", "linear_distill"]
+
+
+@st.composite
+def _loss_program(draw):
+    tags = tuple(draw(st.permutations(["a", "b", "c"])))[:draw(st.integers(2, 3))]
+    pre = draw(st.lists(st.sampled_from(["tanh", "neg", "scale", "sigmoid", "none"]),
+                        max_size=2))
+    op = draw(st.sampled_from(_LOSS_OPS))
+    red = draw(st.sampled_from(["mean", "sum", "none"]))
+    return tags, pre, op, red, draw(st.integers(0, 10**6))
+
+
+def _loss_step(tags, pre, op, red, seed, x, y, w):
+    rng = np.random.default_rng(seed)
+    for p in pre:
+        x = x.scale(1.5) if p == "scale" else x if p == "none" else getattr(x, p)()
+    tag = tags[rng.integers(len(tags))]
+    n = x.dim(tag)
+    positions = x.size // n
+    labels = rng.integers(0, n, positions)
+    if op == "cross_entropy":
+        out = x.cross_entropy(tag, labels, red, int(labels[0]), float(rng.uniform(0, 0.5)))
+    elif op == "nll_loss":
+        out = x.log_softmax(tag).nll_loss(tag, labels, red)
+    elif op in ("mse_loss", "huber_loss"):
+        out = x.mse_loss(y, red) if op == "mse_loss" else x.huber_loss(y, 0.5, red)
+    elif op == "bce_logits":
+        out = x.bce_loss(y.sigmoid(), red, from_logits=True)
+    elif op == "bce_probs":
+        out = x.sigmoid().bce_loss(y.sigmoid(), red)
+    elif op == "kl_div":
+        out = x.log_softmax(tag).kl_div_loss(y.softmax(tag), red)
+    elif op == "cosine":
+        out = x.cosine_similarity(y, tag)
+    elif op == "top_k":
+        out = x.top_k(tag, int(rng.integers(1, n + 1)), "k").values
+    elif op == "sort":
+        out = x.sort(tag, bool(rng.integers(2))).values
+    else:
+        flat = x.merge("rows", tuple(t for t in tags if t != tags[-1])) if len(tags) == 3 \
+            else x
+        rows = flat.dim(flat.axis_tags[0])
+        if op == "linear_ce":
+            out = flat.linear_cross_entropy(w, rng.integers(0, 6, rows), red)
+        else:
+            e = int(rng.integers(1, 6))
+            out = flat.linear_distill(w, rng.integers(0, rows, e), rng.integers(0, 6, e),
+                                      rng.uniform(0, 1, e), "sum" if red == "sum" else "mean")
+    loss = out.mul(out).sum_all()
+    loss.backward()
+    return loss
+
+
+@settings(max_examples=40, deadline=None)
+@given(_loss_program())
+def test_compiled_equals_eager_through_losses_and_selection(prog):
+    tags, pre, op, red, seed = prog
+    ctx = F.ExecContext()
+    shape = tuple(_SIZES[t] for t in tags)
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal(shape).astype(np.float32)
+    y0 = rng.standard_normal(shape).astype(np.float32)
+    w0 = rng.standard_normal((6, shape[-1])).astype(np.float32)
+
+    def operands():
+        return (_var(ctx, tags, x0), _var(ctx, tags, y0), _var(ctx, ("k", tags[-1]), w0))
+
+    eager, compiled = operands(), operands()
+    want = _loss_step(tags, pre, op, red, seed, *eager)
+    got = F.compile(lambda *a: _loss_step(tags, pre, op, red, seed, *a))(*compiled)
+    np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5, atol=1e-6)
+    for a, b in zip(compiled, eager):
+        ga, gb = a.grad(), b.grad()
+        assert (ga is None) == (gb is None)
+        if ga is not None:
+            np.testing.assert_allclose(ga.numpy(), gb.numpy(), rtol=1e-4, atol=1e-6)
