@@ -413,6 +413,8 @@ def test_loss_argument_errors(ctx):
         x.cross_entropy("c", [1, 0], reduction="batchmean")
     with pytest.raises(F.InvalidShape):
         x.cross_entropy("c", [1, 0], label_smoothing=1.0)
+    with pytest.raises(TypeError):
+        x.cross_entropy("c", [1, 0], ignore_index=1.5)
     with pytest.raises(F.TagError):
         x.cross_entropy("c", _const(ctx, ("t",), [1.0, 0.0]))
     with pytest.raises(F.IndexOutOfBounds):

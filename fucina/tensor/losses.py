@@ -62,6 +62,19 @@ def _reduction(reduction: str, allowed: tuple[str, ...] = _REDUCTIONS) -> str:
     return reduction
 
 
+def _ce_options(reduction: str, ignore_index: Any, label_smoothing: Any,
+                ) -> tuple[int | None, float]:
+    """Checked cross-entropy options: (ignored label or None, smoothing)."""
+    _reduction(reduction)
+    if ignore_index is not None and (isinstance(ignore_index, bool)
+                                     or not isinstance(ignore_index, (int, np.integer))):
+        raise TypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
+    smooth = float(label_smoothing)
+    if not 0.0 <= smooth < 1.0:
+        raise InvalidShape(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
+    return (None if ignore_index is None else int(ignore_index)), smooth
+
+
 def _const_node(arr: np.ndarray, dtype: DType) -> Node:
     return leaf(RawTensor.from_array(dtype, arr, arr.shape), None, False)
 
@@ -266,14 +279,7 @@ class Losses(Tensor):
         Differentiable in the logits.
         """
         c = T.index(self.axis_tags, class_tag)
-        _reduction(reduction)
-        smooth = float(label_smoothing)
-        if not 0.0 <= smooth < 1.0:
-            raise InvalidShape(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
-        if ignore_index is not None and (isinstance(ignore_index, bool)
-                                         or not isinstance(ignore_index, (int, np.integer))):
-            raise TypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
-        ignore = None if ignore_index is None else int(ignore_index)
+        ignore, smooth = _ce_options(reduction, ignore_index, label_smoothing)
         shape = self.shape
         rest_shape = tuple(d for i, d in enumerate(shape) if i != c) if self.tag_count > 1 \
             else ()
@@ -303,11 +309,7 @@ class Losses(Tensor):
         raises LinearCrossEntropyBackwardConsumed.
         """
         row, _ = _check_linear(self, weight)
-        _reduction(reduction)
-        smooth = float(label_smoothing)
-        if not 0.0 <= smooth < 1.0:
-            raise InvalidShape(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
-        ignore = None if ignore_index is None else int(ignore_index)
+        ignore, smooth = _ce_options(reduction, ignore_index, label_smoothing)
         rows, classes = self.shape[0], weight.shape[0]
         lab = index_node(self, labels, rows, classes, "label", ignore)
         rec = FL.new_record("linear_ce", reuse=current_tracer() is not None)
