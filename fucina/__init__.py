@@ -12,26 +12,38 @@ from typing import Any
 from . import internal, rng
 from .blocks import *  # noqa: F403 - GGML block dtypes and block-size constants
 from .blocks import BLOCK_DTYPES, BLOCK_SIZES
-from .compile import Compiled, compile  # noqa: A004 - fucina.compile is the public name
+from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
     EmptySelection,
+    EncoderUnavailable,
     GradientCastUnsupported,
+    GradientPackedMatmulUnsupported,
+    GradientQuantizedMatmulUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
+    InvalidMagic,
     InvalidShape,
+    InvalidTensorInfo,
     LinearCrossEntropyBackwardConsumed,
     LinearDistillBackwardConsumed,
     MissingOutputGradient,
+    ModelFileError,
     MutableDataRequiresNoGrad,
     NoGradientGraph,
+    NonFiniteValue,
     ShapeMismatch,
     TagError,
     TensorError,
+    TensorNotFound,
+    TernaryContractDimNotBlockAligned,
+    TruncatedFile,
+    UnsupportedDType,
     UnsupportedGradient,
+    UnsupportedVersion,
     UnsupportedView,
 )
 from .kernels.cache import CacheInfo, cache_info
@@ -49,6 +61,10 @@ del _dt
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("gguf", "safetensors"):  # model-file modules load on first use
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     if name == "RawTensor":
         raise AttributeError(
             "fucina.RawTensor is not public: the raw tensor lives at fucina.internal.RawTensor")
@@ -67,6 +83,18 @@ __all__ = [
     "Deinitialized",
     "DivisionByZero",
     "EmptySelection",
+    "EncoderUnavailable",
+    "GradientPackedMatmulUnsupported",
+    "GradientQuantizedMatmulUnsupported",
+    "InvalidMagic",
+    "InvalidTensorInfo",
+    "ModelFileError",
+    "NonFiniteValue",
+    "TensorNotFound",
+    "TernaryContractDimNotBlockAligned",
+    "TruncatedFile",
+    "UnsupportedDType",
+    "UnsupportedVersion",
     "ExecContext",
     "GradientCastUnsupported",
     "IndexOutOfBounds",

@@ -304,6 +304,56 @@ def _cold_warm_case() -> Case:
     return c
 
 
+def _quant_weight(ctx: Any, fmt: str, n: int, k: int, seed: int) -> tuple[Any, np.ndarray]:
+    """A [n, k] block-quantized weight and its f32 dequantization (numpy's operand)."""
+    import fucina.gguf as G
+
+    w = (np.random.default_rng(seed).standard_normal((n, k)) * 0.02).astype(np.float32)
+    blocks = G.encode_f32(fmt, w)
+    wq = F.Tensor("out", "in", dtype=fmt).from_blocks(ctx, (n, k), blocks)
+    return wq, G.decode_f32(fmt, blocks)
+
+
+def _qmatmul_case(fmt: str, m: int, n: int, k: int, quick: bool) -> Case:
+    """x[m, k] . W_q[n, k]: fucina on the blocks vs numpy on the dequantized f32 weight.
+
+    Notes: the bytes one call reads from the weight (per token for a GEMV: the
+    quantized blocks, which is what the weight takes in a GGUF file) against
+    the f32 bytes numpy reads, and the GB/s each achieved; ``at_numpy_GBps_ms``
+    is the time the quantized bytes would take at numpy's bandwidth (the bound
+    a bandwidth-limited GEMV can reach).
+    """
+    ctx = F.ExecContext()
+    wq, wd = _quant_weight(ctx, fmt, n, k, 10 + m)
+    x0 = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+    x = F.Tensor("t", "in").from_slice(ctx, (m, k), x0)
+    fast = F.compile(lambda x: x.dot(wq, "in"))
+    kind = "GEMV" if m == 1 else "GEMM"
+    c = Case(f"{kind} [{m}x{k}]x[{n}x{k}] {fmt}")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: x.dot(wq, "in"), mt)
+    c.compiled = best_time(lambda: fast(x), mt)
+    c.numpy = best_time(lambda: x0 @ wd.T, mt)
+    qbytes = wq.as_raw_tensor().array().nbytes
+    c.notes["weight_MB"] = qbytes / 1e6
+    c.notes["f32_MB"] = wd.nbytes / 1e6
+    c.notes["GBps"] = qbytes / c.compiled / 1e9
+    c.notes["numpy_GBps"] = wd.nbytes / c.numpy / 1e9
+    c.notes["at_numpy_GBps_ms"] = qbytes / (wd.nbytes / c.numpy) * 1e3
+    ref = x0.astype(np.float64) @ wd.T.astype(np.float64)
+    c.notes["max_rel_err"] = float(np.abs(fast(x).numpy() - ref).max() / np.abs(ref).max())
+    return c
+
+
+def run_quant_suite(quick: bool = False) -> list[Case]:
+    """Quantized-weight rows: GEMV for q8_0/q4_1/q4_k, GEMM for q4_k (issue sizes)."""
+    if quick:
+        return [_qmatmul_case(f, 1, 1024, 512, True) for f in ("q8_0", "q4_1", "q4_k")] + [
+            _qmatmul_case("q4_k", 32, 512, 512, True)]
+    return [_qmatmul_case(f, 1, 11008, 4096, False) for f in ("q8_0", "q4_1", "q4_k")] + [
+        _qmatmul_case("q4_k", 32, 4096, 4096, False)]
+
+
 def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
     """Run the standard suite and return its rows."""
     n = 1 << 18 if quick else 1 << 22
@@ -311,6 +361,7 @@ def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
              _softmax_case(512 if quick else 4096, 1024, quick), _tiny_case(quick),
              _gemm_trans_b_case(256 if quick else 1024, quick), _attention_case(quick),
              _linear_gelu_case(quick)]
+    cases += run_quant_suite(quick)
     cases.append(_cross_entropy_case(quick))
     if cold_warm:
         cases.append(_cold_warm_case())
@@ -350,7 +401,8 @@ def conditions() -> dict[str, Any]:
 
     info = {"python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
-            "fucina": F.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "fucina": F.__version__, "threading_layer": F.internal.threading_layer(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()

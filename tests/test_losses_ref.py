@@ -279,14 +279,14 @@ def test_compiled_cross_entropy_traces_labels_once_and_checks_them(ctx):
         x.zero_grad()
         assert step(x, lab).item() == pytest.approx(got, rel=1e-6)
         np.testing.assert_allclose(g_fast, x.grad().numpy(), rtol=1e-6, atol=1e-7)
-    assert len(fast._cache) == 1  # index data is a traced input: no retrace
+    assert fast.cache_size() == 1  # index data is a traced input: no retrace
     bad = L.from_slice(ctx, (4,), [0, 1, 5, 2])
-    with pytest.raises(F.IndexOutOfBounds, match="label 5"):
+    with pytest.raises(F.IndexOutOfBounds, match="index 5 out of range for .c. of size 5"):
         fast(x, bad)
-    with pytest.raises(F.IndexOutOfBounds, match="label 5"):
+    with pytest.raises(F.IndexOutOfBounds, match="index 5 out of range for .c. of size 5"):
         step(x, bad)
     nll = F.compile(lambda x, lab: x.nll_loss("c", lab))
-    with pytest.raises(F.IndexOutOfBounds, match="label 5"):
+    with pytest.raises(F.IndexOutOfBounds, match="index 5 out of range for .c. of size 5"):
         nll(x.detach(), bad)
     assert nll(x.detach(), L.from_slice(ctx, (4,), [1, 1, 1, 1])).item() == pytest.approx(
         x.detach().nll_loss("c", [1, 1, 1, 1]).item(), rel=1e-6)
@@ -371,7 +371,7 @@ def test_compiled_fused_linear_losses_repeat_and_match_eager(ctx):
         assert step(x, w, rows).item() == pytest.approx(got, rel=1e-6)
         np.testing.assert_allclose(gx, x.grad().numpy(), rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(gw, w.grad().numpy(), rtol=1e-6, atol=1e-7)
-    with pytest.raises(F.IndexOutOfBounds, match="row 9"):
+    with pytest.raises(F.IndexOutOfBounds, match="index 9 out of range for .r. of size 5"):
         fast(x, w, F.Tensor("e", dtype="i64").from_slice(ctx, (3,), [4, 9, 4]))
 
 
@@ -399,7 +399,7 @@ def test_forward_only_fused_losses_keep_nothing(ctx, monkeypatch):
 
 def test_loss_argument_errors(ctx):
     x = _var(ctx, ("t", "c"), np.zeros((2, 3)))
-    with pytest.raises(F.IndexOutOfBounds, match="label 3"):
+    with pytest.raises(F.IndexOutOfBounds, match="index 3 out of range for .c. of size 3"):
         x.cross_entropy("c", [3, 0])
     with pytest.raises(F.IndexOutOfBounds):
         x.cross_entropy("c", [-1, 0])
@@ -415,7 +415,7 @@ def test_loss_argument_errors(ctx):
         x.cross_entropy("c", [1, 0], label_smoothing=1.0)
     with pytest.raises(TypeError):
         x.cross_entropy("c", [1, 0], ignore_index=1.5)
-    with pytest.raises(F.TagError):
+    with pytest.raises(F.InvalidDataLength):
         x.cross_entropy("c", _const(ctx, ("t",), [1.0, 0.0]))
     with pytest.raises(F.IndexOutOfBounds):
         x.nll_loss("c", [0, 7])

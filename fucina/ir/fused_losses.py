@@ -20,9 +20,9 @@ in-place consumption makes the record single-use, as in the reference
 count is data-dependent, so its gradient node returns dx and dweight packed
 in one flat buffer that two ``strided`` views take apart.
 
-Labels and target indices are checked inside the kernels, before any
-kernel reads them, so a traced index tensor is checked when a compiled
-program runs, as eager checks it.
+Labels and target indices are checked by the IR's index checks
+(``ir/checks.py``: at once in eager mode, as a program step under compile)
+before any kernel reads them; the kernels check them once more as a guard.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ from ..kernels.reference import kernel
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL
 from .autodiff import rule
+from .checks import VALUE_CHECKS, axis_name
 from .execute import emit
 from .graph import Node
 from .ops import OPS, Meta, OpDef
-from .selection import check_indices, rows_back, rows_last
+from .selection import check_indices, check_labels, rows_back, rows_last
 
 
 def _sentinel(ignore: int | None) -> int:
@@ -66,7 +67,7 @@ OPS["ce_rows_grad"] = OpDef("ce_rows_grad", infer=lambda ins, attrs: (ins[0].sha
 def _ce_rows(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
     """Per position: (loss, log-sum-exp, keep) with label smoothing and an ignored label."""
     x = rows_last(np.asarray(ins[0], dtype=np.float32), attrs["axis"])
-    labels = check_indices(ins[1], x.shape[1], attrs["ignore"], "label")
+    labels = check_indices(ins[1], x.shape[1], attrs["ignore"])
     stats = np.empty((x.shape[0], LK.STATS), np.float32)
     LK.ce_forward(x, labels, _sentinel(attrs["ignore"]), float(attrs["smooth"]), stats)
     return stats
@@ -78,12 +79,22 @@ def _ce_rows_grad(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> n
     logits, labels_in, stats, g = ins
     axis = attrs["axis"]
     x = rows_last(np.asarray(logits, dtype=np.float32), axis)
-    labels = check_indices(labels_in, x.shape[1], attrs["ignore"], "label")
+    labels = check_indices(labels_in, x.shape[1], attrs["ignore"])
     gp = np.ascontiguousarray(g[:, LK.STAT_LOSS], dtype=np.float32)
     dx = POOL.take(np.dtype(np.float32), x.size).reshape(x.shape)
     LK.ce_backward(x, labels, float(attrs["smooth"]), np.ascontiguousarray(stats), gp, dx)
     return rows_back(dx, logits.shape, axis) if axis != logits.ndim - 1 else \
         dx.reshape(logits.shape)
+
+
+def _check_class_labels(inputs: list[Node] | tuple[Node, ...], attrs: dict[str, Any],
+                        arrays: list[np.ndarray]) -> None:
+    x, axis = inputs[0], attrs["axis"]
+    check_labels(arrays[1], x.shape[axis], attrs["ignore"], axis_name(x, axis))
+
+
+VALUE_CHECKS["ce_rows"] = _check_class_labels
+VALUE_CHECKS["ce_rows_grad"] = _check_class_labels
 
 
 @rule("ce_rows")
@@ -175,7 +186,7 @@ def _linear_ce(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.n
     """Logits x . weight^T (kept on the record when saving), then cross-entropy rows."""
     x, w, labels_in = ins
     rec: SavedLogits = attrs["rec"]
-    labels = check_indices(labels_in, w.shape[0], attrs["ignore"], "label")
+    labels = check_indices(labels_in, w.shape[0], attrs["ignore"])
     z = rec.take(x.shape[0], w.shape[0])
     np.matmul(x, w.T, out=z)
     stats = np.empty((x.shape[0], LK.STATS), np.float32)
@@ -190,12 +201,21 @@ def _linear_ce_panel(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -
     stats, g, labels_in = ins
     rec: SavedLogits = attrs["rec"]
     z = rec.consume()
-    labels = check_indices(labels_in, z.shape[1], attrs["ignore"], "label")
+    labels = check_indices(labels_in, z.shape[1], attrs["ignore"])
     gp = np.ascontiguousarray(g[:, LK.STAT_LOSS], dtype=np.float32)
     lse = np.ascontiguousarray(stats[:, LK.STAT_LSE], dtype=np.float32)
     LK.softmax_panel_inplace(z, labels, _sentinel(attrs["ignore"]), float(attrs["smooth"]),
                              1.0, gp, lse)
     return z
+
+
+def _check_linear_labels(inputs: list[Node] | tuple[Node, ...], attrs: dict[str, Any],
+                         arrays: list[np.ndarray]) -> None:
+    w = inputs[1]
+    check_labels(arrays[2], w.shape[0], attrs["ignore"], axis_name(w, 0))
+
+
+VALUE_CHECKS["linear_ce"] = _check_linear_labels
 
 
 @rule("linear_ce")
@@ -232,8 +252,8 @@ def _linear_distill(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) ->
     """sum_i probs_i (lse(row_i) - logit(row_i, class_i)), projecting unique rows only."""
     x, w, rows_in, classes_in, probs_in = ins
     rec: SavedLogits = attrs["rec"]
-    rows = check_indices(rows_in, x.shape[0], None, "row")
-    classes = check_indices(classes_in, w.shape[0], None, "class")
+    rows = check_indices(rows_in, x.shape[0])
+    classes = check_indices(classes_in, w.shape[0])
     probs = np.ascontiguousarray(probs_in, dtype=np.float32).reshape(-1)
     uniq, inv = np.unique(rows, return_inverse=True)
     z = rec.take(uniq.size, w.shape[0])
@@ -276,6 +296,16 @@ def _linear_distill_grad(attrs: dict[str, Any], ins: list[np.ndarray], out: DTyp
     if attrs["want_w"]:
         parts.append((z.T @ np.asarray(x[uniq], dtype=np.float32)).reshape(-1))
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _check_distill_indices(inputs: list[Node] | tuple[Node, ...], attrs: dict[str, Any],
+                           arrays: list[np.ndarray]) -> None:
+    x, w = inputs[0], inputs[1]
+    check_labels(arrays[2], x.shape[0], None, axis_name(x, 0))
+    check_labels(arrays[3], w.shape[0], None, axis_name(w, 0))
+
+
+VALUE_CHECKS["linear_distill"] = _check_distill_indices
 
 
 @rule("linear_distill")

@@ -6,10 +6,11 @@ produce i64 indices and carry no gradient: ``top_k``/``sort`` values are
 gathered from the input with ``take_along`` afterwards, whose VJP scatters the
 gradient back through the indices (the reference's "values scatter back").
 
-``check_index`` passes an i64 index vector through unchanged after checking
-every entry against ``[0, dim)`` (or an allowed sentinel): index data a
-compiled program receives as a traced tensor is checked when the program
-runs, before any kernel reads it, exactly as eager checks it.
+``check_index(x, index)`` passes an i64 index vector through unchanged; its
+entry in ``ir/checks.py`` checks every entry against the size of ``x``'s axis
+``axis``, for composites (``nll_loss``) that compare with index data instead of
+reading through it. Like every index check it runs at once in eager mode and as
+a program step under ``compile``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from ..errors import IndexOutOfBounds, InvalidShape
 from ..kernels import selection as K
 from ..kernels.reference import kernel
 from ..runtime.raw import RawTensor
+from .checks import VALUE_CHECKS, axis_name, check_range
+from .graph import Node
 from .ops import OPS, Meta, OpDef
 
 
@@ -38,18 +41,25 @@ def rows_back(r: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(r.reshape(moved), -1, axis))
 
 
-def check_indices(idx: np.ndarray, dim: int, allowed: int | None = None,
-                  what: str = "index") -> np.ndarray:
-    """Flat int64 copy of ``idx`` with every entry in [0, dim) or equal to ``allowed``;
-    IndexOutOfBounds names the first bad entry and its position."""
+def check_labels(index: Any, dim: int, allowed: int | None, what: str) -> None:
+    """IndexOutOfBounds unless every entry lies in [0, dim) or equals ``allowed``
+    (``ir/checks.py``'s message: the index, ``what`` names the axis, its size)."""
+    idx = np.asarray(index).reshape(-1)
+    if allowed is not None:
+        idx = idx[idx != allowed]
+    check_range(idx, 0, dim, what, dim)
+
+
+def check_indices(idx: np.ndarray, dim: int, allowed: int | None = None) -> np.ndarray:
+    """Flat int64 copy of ``idx``, range-checked once more where a kernel takes it (the
+    IR checked it already: this guard keeps a kernel from ever reading out of bounds)."""
     flat = np.ascontiguousarray(idx, dtype=np.int64).reshape(-1)
     bad = (flat < 0) | (flat >= dim)
     if allowed is not None:
         bad &= flat != allowed
     if bad.any():
-        pos = int(np.argmax(bad))
-        raise IndexOutOfBounds(f"{what} {int(flat[pos])} at position {pos} out of range for "
-                               f"an axis of size {dim}")
+        raise IndexOutOfBounds(f"index {int(flat[np.argmax(bad)])} out of range for an axis "
+                               f"of size {dim}")
     return flat
 
 
@@ -61,8 +71,17 @@ def _selected_shape(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
 
 OPS["topk_index"] = OpDef("topk_index", infer=_selected_shape, differentiable=False)
 OPS["multinomial"] = OpDef("multinomial", infer=_selected_shape, differentiable=False)
-OPS["check_index"] = OpDef("check_index", infer=lambda ins, attrs: (ins[0].shape, DType.i64),
+OPS["check_index"] = OpDef("check_index", infer=lambda ins, attrs: (ins[1].shape, DType.i64),
                            differentiable=False)
+
+
+def _check_index_values(inputs: list[Node] | tuple[Node, ...], attrs: dict[str, Any],
+                        arrays: list[np.ndarray]) -> None:
+    x, axis = inputs[0], attrs["axis"]
+    check_labels(arrays[1], x.shape[axis], None, axis_name(x, axis))
+
+
+VALUE_CHECKS["check_index"] = _check_index_values
 
 
 @kernel("topk_index")
@@ -102,7 +121,7 @@ def _multinomial(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np
 
 @kernel("check_index")
 def _check_index(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """A copy of the index vector (never an alias of a buffer another tensor owns), after
-    the range check."""
-    flat = check_indices(ins[0], attrs["dim"], attrs.get("allowed"), attrs.get("what", "index"))
-    return np.array(flat.reshape(ins[0].shape), copy=True)
+    """A copy of the (checked) index vector: never an alias of a buffer another tensor owns."""
+    x, idx = ins
+    flat = check_indices(idx, x.shape[attrs["axis"]])
+    return np.array(flat.reshape(idx.shape), copy=True)

@@ -26,7 +26,7 @@ STATS = 3
 
 
 @_serial
-def _row_lse(x, p):  # noqa: ANN001, ANN202 - numba-typed
+def _row_lse(x, p):
     """log(sum(exp(x[p]))), shifted by the row max (by 0 when the max is +-inf)."""
     k = x.shape[1]
     m = np.float32(-np.inf)
@@ -41,7 +41,7 @@ def _row_lse(x, p):  # noqa: ANN001, ANN202 - numba-typed
 
 
 @_rows
-def ce_forward(x, labels, ignore, smooth, out):  # noqa: ANN001, ANN201
+def ce_forward(x, labels, ignore, smooth, out):
     """Per row p: stats ``out[p] = (loss, lse, keep)``.
 
     loss = lse - (1 - smooth) x[label] - smooth / K * sum(x), 0 when the label
@@ -70,7 +70,7 @@ def ce_forward(x, labels, ignore, smooth, out):  # noqa: ANN001, ANN201
 
 
 @_rows
-def ce_backward(x, labels, smooth, stats, g, out):  # noqa: ANN001, ANN201
+def ce_backward(x, labels, smooth, stats, g, out):
     """d loss / d x for per-row loss gradients ``g``:
     ``g_p keep_p (softmax(x_p) - (1 - smooth) onehot - smooth / K)``."""
     n, k = x.shape
@@ -89,7 +89,7 @@ def ce_backward(x, labels, smooth, stats, g, out):  # noqa: ANN001, ANN201
 
 
 @_rows
-def softmax_panel_inplace(z, labels, ignore, smooth, scale, g, lse):  # noqa: ANN001, ANN201
+def softmax_panel_inplace(z, labels, ignore, smooth, scale, g, lse):
     """Turn saved logits ``z`` [rows, K] into their gradient in place:
     ``z_p <- scale g_p (softmax(z_p) - (1 - smooth) onehot(label_p) - smooth / K)``,
     zero for rows whose label equals ``ignore`` (-1: none)."""
@@ -110,14 +110,14 @@ def softmax_panel_inplace(z, labels, ignore, smooth, scale, g, lse):  # noqa: AN
 
 
 @_rows
-def lse_rows(z, out):  # noqa: ANN001, ANN201
+def lse_rows(z, out):
     """Row log-sum-exp of ``z`` [rows, K] into ``out`` [rows]."""
     for p in prange(z.shape[0]):
         out[p] = _row_lse(z, p)
 
 
 @_rows
-def scaled_softmax_inplace(z, lse, scale):  # noqa: ANN001, ANN201
+def scaled_softmax_inplace(z, lse, scale):
     """``z_p <- scale_p * softmax(z_p)`` in place, with the rows' log-sum-exp given."""
     n, k = z.shape
     for p in prange(n):

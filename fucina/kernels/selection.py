@@ -22,13 +22,13 @@ _serial = njit(cache=True, nogil=True, error_model="numpy")
 _rows = njit(parallel=True, cache=True, nogil=True, error_model="numpy")
 
 @_serial
-def _worse(va, ia, vb, ib):  # noqa: ANN001, ANN202 - numba-typed
+def _worse(va, ia, vb, ib):
     """Whether (value a, index a) ranks below (value b, index b) in a descending top-k."""
     return va < vb or (va == vb and ia > ib)
 
 
 @_serial
-def _topk_heap(row, k, out_idx):  # noqa: ANN001, ANN202
+def _topk_heap(row, k, out_idx):
     """Largest k non-NaN values of ``row`` (descending, ties by index) into ``out_idx``
     through a k-entry min-heap of candidates (O(n log k) in any input order); returns
     how many slots were filled."""
@@ -76,7 +76,7 @@ def _topk_heap(row, k, out_idx):  # noqa: ANN001, ANN202
 
 
 @_serial
-def _order(row, descending):  # noqa: ANN001, ANN202
+def _order(row, descending):
     """Stable argsort of one row, NaN last in either direction."""
     if descending:
         return np.argsort(-row, kind="mergesort")
@@ -84,7 +84,7 @@ def _order(row, descending):  # noqa: ANN001, ANN202
 
 
 @_rows
-def topk_rows(x, k, out):  # noqa: ANN001, ANN201
+def topk_rows(x, k, out):
     """``out[p]``: indices of the k largest non-NaN values of ``x[p]``, descending;
     -1 marks slots left unfilled (fewer than k non-NaN values)."""
     n = x.shape[1]
@@ -107,14 +107,14 @@ def topk_rows(x, k, out):  # noqa: ANN001, ANN201
 
 
 @_rows
-def sort_rows(x, descending, out):  # noqa: ANN001, ANN201
+def sort_rows(x, descending, out):
     """``out[p]``: the stable sort order of ``x[p]`` (NaN last)."""
     for p in prange(x.shape[0]):
         out[p] = _order(x[p], descending)
 
 
 @_rows
-def multinomial_rows(w, num, seed, replacement, out):  # noqa: ANN001, ANN201
+def multinomial_rows(w, num, seed, replacement, out):
     """Categorical draws from unnormalized non-negative rows (validated by the caller).
 
     Draw (p, s) reads the counter stream at ``(seed, p * num + s)``: ``u`` in
@@ -149,7 +149,7 @@ def multinomial_rows(w, num, seed, replacement, out):  # noqa: ANN001, ANN201
 
 
 @_rows
-def router_rows(x, k, normalize, selected, weights):  # noqa: ANN001, ANN201
+def router_rows(x, k, normalize, selected, weights):
     """Per row: the top-k experts (as :func:`topk_rows`) and their softmax probability
     over the full row (f64 accumulation), renormalized over the k when ``normalize``."""
     n = x.shape[1]

@@ -37,6 +37,7 @@ from .math import (
     Ordering,
     ScalarMath,
 )
+from .quantized import PackRhs, QuantizedMatmul
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
 from .selection import Selection
 from .softmax import Softmax
@@ -58,6 +59,7 @@ __all__ = [
 
 
 class F32Tensor(
+    QuantizedMatmul, PackRhs,
     Losses, Selection, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
@@ -74,6 +76,7 @@ class F32Tensor(
 
 
 class HalfTensor(
+    PackRhs,
     Softmax, Einsum, Dot,
     FloatReductions, HalfSum,
     Select, UnaryMath,
@@ -157,6 +160,7 @@ class F8Tensor(
 
 
 class QuantTensor(
+    PackRhs,
     BlockRows, BlockConstructors,
     Cast, Wrap,
     Concat, Retag,

@@ -26,7 +26,6 @@ import numpy as np
 from .. import tags as T
 from ..dtypes import DType
 from ..errors import (
-    IndexOutOfBounds,
     InvalidDataLength,
     InvalidShape,
     ShapeMismatch,
@@ -79,28 +78,30 @@ def _const_node(arr: np.ndarray, dtype: DType) -> Node:
     return leaf(RawTensor.from_array(dtype, arr, arr.shape), None, False)
 
 
-def index_node(self: Any, data: Any, count: int, dim: int, what: str,
-               allowed: int | None = None) -> Node:
+def index_node(self: Any, data: Any, count: int, what: str,
+               rest: tuple[tuple[str, ...], tuple[int, ...]] | None = None) -> Node:
     """An i64 [count] node from host index data or an integer tensor.
 
-    Values are checked against [0, dim) (or equal to ``allowed``) whenever they are
-    known here; a traced tensor's values are checked by the kernels that read them.
+    A tensor tagged with the ``rest`` tags (any order) is read in that tag order;
+    any other tensor, and host data, as a flat row-major sequence. The values are
+    checked by the IR (``ir/checks.py``) before any kernel reads them: at once in
+    eager mode, as a program step under ``compile``.
     """
     if isinstance(data, Tensor):
         check_tensor(data, what)
         same_ctx(self, data)
         if not data.dtype.is_integer:
-            raise TagError(f"{what} must be an integer tensor, got {data.dtype.value}")
+            raise InvalidDataLength(f"{what} must be integers, got a {data.dtype.value} tensor")
         node = data._node
         if node.value.numel != count:
             raise InvalidShape(f"{node.value.numel} {what} for {count} positions")
+        if rest is not None and rest[0] and set(data.axis_tags) == set(rest[0]):
+            node = align_node(data, rest[0], rest[1])
         if not node.value.is_contiguous():
             node = emit("copy", (node,))
         node = emit("reshape", (node,), shape=(count,))
         if data.dtype is not DType.i64:
             node = emit("cast", (node,), dtype=DType.i64, src=data.dtype)
-        if not node.value.is_symbolic:
-            _check_host(node.value.array(), dim, allowed, what)
         return node
     try:
         arr = np.asarray(data)
@@ -111,18 +112,7 @@ def index_node(self: Any, data: Any, count: int, dim: int, what: str,
     flat = arr.reshape(-1).astype(np.int64)
     if flat.size != count:
         raise InvalidShape(f"{flat.size} {what} for {count} positions")
-    _check_host(flat, dim, allowed, what)
     return _const_node(flat, DType.i64)
-
-
-def _check_host(flat: np.ndarray, dim: int, allowed: int | None, what: str) -> None:
-    bad = (flat < 0) | (flat >= dim)
-    if allowed is not None:
-        bad &= flat != allowed
-    if bad.any():
-        pos = int(np.argmax(bad))
-        raise IndexOutOfBounds(f"{what} {int(flat[pos])} (position {pos}) out of range for "
-                               f"an axis of size {dim}")
 
 
 def _float_vector(self: Any, data: Any, count: int, what: str) -> Node:
@@ -284,9 +274,9 @@ class Losses(Tensor):
         rest_shape = tuple(d for i, d in enumerate(shape) if i != c) if self.tag_count > 1 \
             else ()
         positions = math.prod(rest_shape)
-        lab = index_node(self, labels, positions, shape[c], "label", ignore)
-        stats = emit("ce_rows", (self._node, lab), axis=c, ignore=ignore, smooth=smooth)
         rest_tags = T.remove_tags(self.axis_tags, (class_tag,))
+        lab = index_node(self, labels, positions, "labels", (rest_tags, rest_shape))
+        stats = emit("ce_rows", (self._node, lab), axis=c, ignore=ignore, smooth=smooth)
         return cast("Self", _finish_rows(self, stats, rest_tags, rest_shape, reduction))
 
     def cross_entropy_ext(self, class_tag: str, labels: IndexData, reduction: str = "mean",
@@ -310,8 +300,8 @@ class Losses(Tensor):
         """
         row, _ = _check_linear(self, weight)
         ignore, smooth = _ce_options(reduction, ignore_index, label_smoothing)
-        rows, classes = self.shape[0], weight.shape[0]
-        lab = index_node(self, labels, rows, classes, "label", ignore)
+        rows = self.shape[0]
+        lab = index_node(self, labels, rows, "labels", ((row,), (rows,)))
         rec = FL.new_record("linear_ce", reuse=current_tracer() is not None)
         stats = emit("linear_ce", (self._node, weight._node, lab), rec=rec, ignore=ignore,
                      smooth=smooth, save=_needs_record(self, weight))
@@ -343,8 +333,8 @@ class Losses(Tensor):
         for data, what in ((classes, "classes"), (probs, "probs")):
             if _count_of(data, what) != n:
                 raise InvalidShape(f"{what} holds {_count_of(data, what)} entries, rows {n}")
-        rnode = index_node(self, rows, n, self.shape[0], "row")
-        cnode = index_node(self, classes, n, weight.shape[0], "class")
+        rnode = index_node(self, rows, n, "rows")
+        cnode = index_node(self, classes, n, "classes")
         pnode = _float_vector(self, probs, n, "probs")
         rec = FL.new_record("linear_distill", reuse=current_tracer() is not None)
         node = emit("linear_distill", (self._node, weight._node, rnode, cnode, pnode), rec=rec,
@@ -371,9 +361,10 @@ class Losses(Tensor):
         rest_shape = tuple(d for i, d in enumerate(shape) if i != c) if self.tag_count > 1 \
             else ()
         positions = math.prod(rest_shape)
-        lab = index_node(self, labels, positions, k, "label")
-        if lab.value.is_symbolic:  # a traced tensor: checked when the program runs
-            lab = emit("check_index", (lab,), dim=k, what="label")
+        rest_tags = T.remove_tags(self.axis_tags, (class_tag,))
+        lab = index_node(self, labels, positions, "labels", (rest_tags, rest_shape))
+        # nothing here indexes with the labels: check them explicitly (eager and compiled)
+        lab = emit("check_index", (self._node, lab), axis=c)
         # labels and the class iota viewed over the logits' shape
         rest_strides = iter(contiguous_strides(rest_shape or (1,)))
         lab_coeffs = tuple((0,) if i == c else (next(rest_strides),) for i in range(len(shape)))
@@ -384,7 +375,6 @@ class Losses(Tensor):
         hit = emit("compare", (iota_b, lab_b), fn="eq")
         picked = emit("where", (hit, self._node, _fill_like(self._node, 0.0)))
         per = _unary("neg", emit("reduce", (picked,), fn="sum", axes=(c,), dtype=DType.f32))
-        rest_tags = T.remove_tags(self.axis_tags, (class_tag,))
         if reduction == "none":
             return cast("Self", result(self, rest_tags, per, DType.f32))
         axes = tuple(range(len(per.shape)))
