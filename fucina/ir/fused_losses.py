@@ -27,6 +27,7 @@ before any kernel reads them; the kernels check them once more as a guard.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,7 @@ def _ce_rows_grad(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> n
         dx.reshape(logits.shape)
 
 
-def _check_class_labels(inputs: list[Node] | tuple[Node, ...], attrs: dict[str, Any],
+def _check_class_labels(inputs: Sequence[Node], attrs: dict[str, Any],
                         arrays: list[np.ndarray]) -> None:
     x, axis = inputs[0], attrs["axis"]
     check_labels(arrays[1], x.shape[axis], attrs["ignore"], axis_name(x, axis))
@@ -209,7 +210,7 @@ def _linear_ce_panel(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -
     return z
 
 
-def _check_linear_labels(inputs: list[Node] | tuple[Node, ...], attrs: dict[str, Any],
+def _check_linear_labels(inputs: Sequence[Node], attrs: dict[str, Any],
                          arrays: list[np.ndarray]) -> None:
     w = inputs[1]
     check_labels(arrays[2], w.shape[0], attrs["ignore"], axis_name(w, 0))
@@ -298,7 +299,7 @@ def _linear_distill_grad(attrs: dict[str, Any], ins: list[np.ndarray], out: DTyp
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
-def _check_distill_indices(inputs: list[Node] | tuple[Node, ...], attrs: dict[str, Any],
+def _check_distill_indices(inputs: Sequence[Node], attrs: dict[str, Any],
                            arrays: list[np.ndarray]) -> None:
     x, w = inputs[0], inputs[1]
     check_labels(arrays[2], x.shape[0], None, axis_name(x, 0))

@@ -15,6 +15,7 @@ a program step under ``compile``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,7 @@ OPS["check_index"] = OpDef("check_index", infer=lambda ins, attrs: (ins[1].shape
                            differentiable=False)
 
 
-def _check_index_values(inputs: list[Node] | tuple[Node, ...], attrs: dict[str, Any],
+def _check_index_values(inputs: Sequence[Node], attrs: dict[str, Any],
                         arrays: list[np.ndarray]) -> None:
     x, axis = inputs[0], attrs["axis"]
     check_labels(arrays[1], x.shape[axis], None, axis_name(x, axis))
