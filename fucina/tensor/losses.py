@@ -49,9 +49,6 @@ _REDUCTIONS = ("mean", "sum", "none")
 #: bce on probabilities clamps them to [BCE_EPS, 1 - BCE_EPS] (the reference's bce_eps).
 BCE_EPS = 1e-7
 
-IndexData = Sequence[int] | np.ndarray | Tensor
-
-
 # -- argument helpers ----------------------------------------------------------------------
 
 
@@ -256,8 +253,9 @@ class Losses(Tensor):
 
     # -- cross-entropy -------------------------------------------------------------------
 
-    def cross_entropy(self, class_tag: str, labels: IndexData, reduction: str = "mean",
-                      ignore_index: int | None = None, label_smoothing: float = 0.0) -> Self:
+    def cross_entropy(self, class_tag: str, labels: Sequence[int] | np.ndarray | Tensor,
+                      reduction: str = "mean", ignore_index: int | None = None,
+                      label_smoothing: float = 0.0) -> Self:
         """Log-softmax + NLL over ``class_tag`` against integer ``labels`` (torch parity).
 
         ``labels`` holds one class per position, positions ordered row-major over
@@ -279,15 +277,15 @@ class Losses(Tensor):
         stats = emit("ce_rows", (self._node, lab), axis=c, ignore=ignore, smooth=smooth)
         return cast("Self", _finish_rows(self, stats, rest_tags, rest_shape, reduction))
 
-    def cross_entropy_ext(self, class_tag: str, labels: IndexData, reduction: str = "mean",
-                          ignore_index: int | None = None, label_smoothing: float = 0.0,
-                          ) -> Self:
+    def cross_entropy_ext(self, class_tag: str, labels: Sequence[int] | np.ndarray | Tensor,
+                          reduction: str = "mean", ignore_index: int | None = None,
+                          label_smoothing: float = 0.0) -> Self:
         """The seeds' name of :meth:`cross_entropy` with its options (same semantics)."""
         return self.cross_entropy(class_tag, labels, reduction, ignore_index, label_smoothing)
 
-    def linear_cross_entropy(self, weight: Tensor, labels: IndexData, reduction: str = "mean",
-                             ignore_index: int | None = None, label_smoothing: float = 0.0,
-                             ) -> Self:
+    def linear_cross_entropy(self, weight: Tensor, labels: Sequence[int] | np.ndarray | Tensor,
+                             reduction: str = "mean", ignore_index: int | None = None,
+                             label_smoothing: float = 0.0) -> Self:
         """``cross_entropy(self . weight^T)`` as one op: self [row, shared], weight
         [class, shared] (shared tag last on both, class tag absent from self).
 
@@ -307,14 +305,15 @@ class Losses(Tensor):
                      smooth=smooth, save=_needs_record(self, weight))
         return cast("Self", _finish_rows(self, stats, (row,), (rows,), reduction))
 
-    def linear_cross_entropy_ext(self, weight: Tensor, labels: IndexData,
+    def linear_cross_entropy_ext(self, weight: Tensor, labels: Sequence[int] | np.ndarray | Tensor,
                                  reduction: str = "mean", ignore_index: int | None = None,
                                  label_smoothing: float = 0.0) -> Self:
         """The seeds' name of :meth:`linear_cross_entropy` with its options."""
         return self.linear_cross_entropy(weight, labels, reduction, ignore_index,
                                          label_smoothing)
 
-    def linear_distill(self, weight: Tensor, rows: IndexData, classes: IndexData,
+    def linear_distill(self, weight: Tensor, rows: Sequence[int] | np.ndarray | Tensor,
+                       classes: Sequence[int] | np.ndarray | Tensor,
                        probs: Sequence[float] | np.ndarray | Tensor, reduction: str = "mean",
                        loss_scale: float = 1.0) -> Self:
         """Cross-entropy of ``self . weight^T`` against sparse soft targets, as one op.
@@ -341,7 +340,8 @@ class Losses(Tensor):
                     reduction=reduction, loss_scale=scale, save=_needs_record(self, weight))
         return cast("Self", result(self, (), node, DType.f32))
 
-    def linear_distill_ext(self, weight: Tensor, rows: IndexData, classes: IndexData,
+    def linear_distill_ext(self, weight: Tensor, rows: Sequence[int] | np.ndarray | Tensor,
+                           classes: Sequence[int] | np.ndarray | Tensor,
                            probs: Sequence[float] | np.ndarray | Tensor,
                            reduction: str = "mean", loss_scale: float = 1.0) -> Self:
         """The seeds' name of :meth:`linear_distill` with its options."""
@@ -349,7 +349,8 @@ class Losses(Tensor):
 
     # -- composed losses -----------------------------------------------------------------
 
-    def nll_loss(self, class_tag: str, labels: IndexData, reduction: str = "mean") -> Self:
+    def nll_loss(self, class_tag: str, labels: Sequence[int] | np.ndarray | Tensor,
+                 reduction: str = "mean") -> Self:
         """Negative log-likelihood of log-probabilities ``self`` over ``class_tag``:
         ``-self[label]`` per position (torch.nn.functional.nll_loss; "mean" over the
         positions). Composed: the label's entry is selected (never multiplied by 0,
