@@ -30,6 +30,8 @@ from .errors import (
     InvalidMagic,
     InvalidShape,
     InvalidTensorInfo,
+    LinearCrossEntropyBackwardConsumed,
+    LinearDistillBackwardConsumed,
     MissingOutputGradient,
     ModelFileError,
     MutableDataRequiresNoGrad,
@@ -51,6 +53,7 @@ from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .tensor import SliceRange, Tensor, einsum_many
 from .tensor.conv import PreparedConvWeights
+from .tensor.selection import RouterTopKResult, TopKResult
 
 __version__ = "0.1.0"
 
@@ -103,14 +106,18 @@ __all__ = [
     "IndexOutOfBounds",
     "InvalidDataLength",
     "InvalidShape",
+    "LinearCrossEntropyBackwardConsumed",
+    "LinearDistillBackwardConsumed",
     "MissingOutputGradient",
     "MutableDataRequiresNoGrad",
     "NoGradientGraph",
     "ShapeMismatch",
+    "RouterTopKResult",
     "SliceRange",
     "TagError",
     "Tensor",
     "TensorError",
+    "TopKResult",
     "UnsupportedGradient",
     "UnsupportedView",
     "einsum_many",

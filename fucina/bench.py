@@ -270,6 +270,52 @@ def _conv2d_case(quick: bool) -> Case:
     return c
 
 
+def _cross_entropy_case(quick: bool) -> Case:
+    """cross_entropy forward + backward over a vocabulary-sized class axis."""
+    rows, classes = (512, 4000) if quick else (4096, 32000)
+    rng = np.random.default_rng(11)
+    x0 = rng.standard_normal((rows, classes), dtype=np.float32)
+    lab0 = rng.integers(0, classes, rows)
+    ctx = F.ExecContext()
+    x = F.Tensor("t", "vocab").variable_from_slice(ctx, (rows, classes), x0)
+    lab = F.Tensor("t", dtype="i64").from_slice(ctx, (rows,), lab0)
+
+    def step(x: Any, lab: Any) -> Any:
+        loss = x.cross_entropy("vocab", lab)
+        loss.backward()
+        return loss
+
+    fast = F.compile(step)
+
+    def run(fn: Callable[[Any, Any], Any]) -> Any:
+        x.zero_grad()  # every call produces a fresh gradient, as torch's below
+        return fn(x, lab)
+
+    c = Case(f"cross_entropy fwd+bwd [{rows},{classes}]")
+    mt = 0.3 if quick else 2.0
+    c.eager = best_time(lambda: run(step), mt, repeats=3)
+    c.compiled = best_time(lambda: run(fast), mt, repeats=3)
+    loss = run(fast).item()
+    g = x.grad()
+    assert g is not None  # the compiled step delivered the gradient
+    grad = g.numpy()
+    if torch is not None:
+        tx, tl = torch.from_numpy(x0).clone().requires_grad_(True), torch.from_numpy(lab0)
+
+        def torch_step() -> None:
+            tx.grad = None
+            torch.nn.functional.cross_entropy(tx, tl).backward()
+
+        c.torch = best_time(torch_step, mt, repeats=3)
+        torch_step()
+        assert tx.grad is not None
+        c.notes["max_abs_grad_err_vs_torch"] = float(np.max(np.abs(grad - tx.grad.numpy())))
+        c.notes["loss_err_vs_torch"] = abs(
+            loss - float(torch.nn.functional.cross_entropy(tx.detach(), tl)))
+    c.notes["kernels"] = len(fast.kernels(x, lab))
+    return c
+
+
 def _tiny_case(quick: bool) -> Case:
     ctx = F.ExecContext()
     a = F.Tensor("d").from_slice(ctx, (8,), np.arange(8))
@@ -384,6 +430,7 @@ def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
     rows = 512 if quick else 8192
     cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,
                                                                        quick)]
+    cases.append(_cross_entropy_case(quick))
     if cold_warm:
         cases.append(_cold_warm_case())
     return cases

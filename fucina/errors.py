@@ -121,9 +121,21 @@ class TensorNotFound(TensorError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
 class ActiveExecScopeUnsupported(TensorError):
     """A storage-consuming op (take_add_no_grad, take_scale_no_grad) was given a tensor an
     exec scope owns: consuming it would release the scope's reference early."""
+
+
+class LinearCrossEntropyBackwardConsumed(TensorError):
+    """A second backward through one ``linear_cross_entropy`` result: its backward turns
+    the saved logits into their gradient in place, so the record is single-use."""
+
+
+class LinearDistillBackwardConsumed(TensorError):
+    """A second backward through one ``linear_distill`` result (single-use record, as
+    ``linear_cross_entropy``)."""
 
 
 class TagError(TypeError):
@@ -160,5 +172,7 @@ __all__ = [
     "UnsupportedDType",
     "TensorNotFound",
     "ActiveExecScopeUnsupported",
+    "LinearCrossEntropyBackwardConsumed",
+    "LinearDistillBackwardConsumed",
     "TagError",
 ]

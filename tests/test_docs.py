@@ -40,7 +40,9 @@ def test_every_mixin_lists_its_dtypes():
         if apidoc.public_members(cls):
             title = "Tensor (root)" if cls is F.Tensor else cls.__name__
             assert f"### {title}\n" in reference, title
-    assert "### Losses\n\nLosses against host labels (f32). *Dtypes: f32.*" in reference
+    assert ("### Losses\n\nLosses and similarity (f32): cross-entropy (plain and fused with a "
+            "linear layer), distillation, elementwise regression/classification losses, NLL, "
+            "cosine. *Dtypes: f32.*") in reference
     assert "*Dtypes: bool; u8, u16, i8, i16, i32; i64" in reference
 
 

@@ -123,6 +123,11 @@ _NN_CONV = (
 )
 ADDED[B.F32Tensor] |= _names(_NN_HALF, _NN_F32, _NN_CONV)
 ADDED[B.HalfTensor] |= _names(_NN_HALF)
+# Issue 9 op families on the f32 branch (REFERENCE §4.15 losses, §4.16 selection).
+ADDED[B.F32Tensor] |= _names(
+    "cross_entropy_ext linear_cross_entropy linear_cross_entropy_ext linear_distill "
+    "linear_distill_ext mse_loss huber_loss bce_loss kl_div_loss nll_loss cosine_similarity "
+    "top_k sort argsort multinomial router_top_k")
 UNIVERSE = set().union(*OLD.values(), *ADDED.values())
 BRANCH_OF = {
     "f32": B.F32Tensor, "f16": B.HalfTensor, "bf16": B.HalfTensor, "f64": B.F64Tensor,

@@ -26,7 +26,8 @@ END = "<!-- END GENERATED METHOD REFERENCE -->"
 #: op-family modules in reading order; mixins of modules not listed follow, by name.
 _MODULE_ORDER = ("base", "construct", "views", "structural", "math", "unary", "masks",
                  "reductions", "scans", "softmax", "norms", "gated", "activations",
-                 "elemental", "losses", "inplace", "contract", "quantized", "autograd")
+                 "elemental", "losses", "selection", "inplace", "contract", "quantized",
+                 "autograd")
 
 
 def branch_classes() -> list[type]:

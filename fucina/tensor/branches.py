@@ -46,6 +46,7 @@ from .norms import Norms, NormsF32
 from .quantized import PackRhs, QuantizedMatmul
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
 from .scans import Scans
+from .selection import Selection
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
 from .unary import UnaryF32, UnaryMath
@@ -67,7 +68,7 @@ __all__ = [
 class F32Tensor(
     QuantizedMatmul, PackRhs,
     NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental, InPlace,
-    ConvOps, Losses, Softmax, Matmul, Einsum, Dot,
+    ConvOps, Losses, Selection, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
     Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
