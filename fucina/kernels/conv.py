@@ -55,6 +55,9 @@ TILE_BYTES = 1 << 23
 #: chunked route (big batched GEMMs between two parallel regions).
 FUSED_GEMM_MACS = 1 << 18
 FUSED_MIN_ROWS = 16
+#: Parallel tasks of the fused kernel (each owns its plane buffers); a few per
+#: core, so a stalled thread's share is picked up by the others.
+FUSED_TASKS = 8
 #: Bytes of Winograd transform planes (input + product) per chunk of tiles: large, so
 #: a conv makes few BLAS calls and parallel regions (both stall on a busy machine).
 WINO_CHUNK_BYTES = 1 << 26
@@ -380,10 +383,11 @@ def _wino_out(M, bias, has_bias, relu, oH, oW, Co, tH, tW, t0, t1, m, at, out):
 
 @_par
 def _wino_fused(x, u, bias, has_bias, relu, H, W, C, Co, ph, pw, oH, oW, tH, tW, NT, m,
-                bt, at, rows, nsuper, out):
+                bt, at, rows, VS, MS, out):
     """The whole Winograd conv in one parallel region: each task takes blocks of
     ``rows`` tiles through input transform, one small GEMM per plane (single-
     threaded BLAS inside the task) and output transform, all in its own cache.
+    ``VS``/``MS`` hold each task's planes: ``[tasks, n*n, rows, C or Co]``.
 
     Returns the non-finite probe of :func:`_wino_in` over every tile.
     """
@@ -391,10 +395,11 @@ def _wino_fused(x, u, bias, has_bias, relu, H, W, C, Co, ph, pw, oH, oW, tH, tW,
     nn = n * n
     tpi = tH * tW
     nblk = (NT + rows - 1) // rows
+    nsuper = VS.shape[0]
     total = np.float32(0.0)
     for sup in prange(nsuper):
-        V = np.empty((nn, rows, C), np.float32)
-        M = np.empty((nn, rows, Co), np.float32)
+        V = VS[sup]
+        M = MS[sup]
         Vf = V.reshape(-1)
         Mf = M.reshape(-1)
         tin = np.empty(n * n * C, np.float32)
@@ -467,10 +472,15 @@ def _conv_winograd(x: np.ndarray, u: np.ndarray, m: int, bias: np.ndarray | None
     rows = (FUSED_GEMM_MACS - 1) // (C * Co)
     if rows >= FUSED_MIN_ROWS:
         rows = min(rows, NT)
-        nblk = -(-NT // rows)
+        tasks = min(-(-NT // rows), FUSED_TASKS)
+        vs = _scratch(tasks * n * n * rows * C)
+        ms = _scratch(tasks * n * n * rows * Co)
         total = _wino_fused(xf, u, bias if bias is not None else u[0, 0], bias is not None,
                             relu, H, W, C, Co, ph, pw, oH, oW, tH, tW, NT, m, bt, at, rows,
-                            min(nblk, 16), of)
+                            vs.reshape(tasks, n * n, rows, C),
+                            ms.reshape(tasks, n * n, rows, Co), of)
+        POOL.give(vs)
+        POOL.give(ms)
         return math.isfinite(total)
     chunk = max(_BLOCK, min(NT, WINO_CHUNK_BYTES // (4 * n * n * (C + Co))))
     V = _scratch(n * n * chunk * C)
