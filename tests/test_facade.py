@@ -94,8 +94,14 @@ OLD = {
 # branch, from_numpy where from_slice exists, operators on the integer and bool branches.
 _INTEROP = "ndim size __len__ __array__ __array_ufunc__ __bool__ __float__ __int__"
 _INT_OPS = "__add__ __sub__ __mul__ __floordiv__ __mod__ __and__ __or__ __xor__"
+# Issue 9: the §4.14 convolution family (tensor/conv.py, the f32 branch only).
+_CONV = (
+    "conv1d causal_conv1d grouped_causal_conv1d causal_depthwise_conv1d conv_transpose1d "
+    "conv2d conv2d_relu prepare_conv2d_weights conv2d_prepared conv2d_prepared_relu "
+    "max_pool2d avg_pool2d upsample2x_nearest unfold fold channel_affine relpos_shift"
+)
 ADDED = {
-    B.F32Tensor: _names(_INTEROP, "from_numpy"),
+    B.F32Tensor: _names(_INTEROP, "from_numpy", _CONV),
     B.HalfTensor: _names(_INTEROP, "from_numpy"),
     B.F64Tensor: _names(_INTEROP, "from_numpy"),
     B.IntTensor: _names(_INTEROP, "from_numpy", _INT_OPS),
