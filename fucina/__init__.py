@@ -35,6 +35,7 @@ from .errors import (
 from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
+from .runtime.rope import AxisRange, RopeTable, RopeTheta
 from .tensor import SliceRange, Tensor, einsum_many
 
 __version__ = "0.1.0"
@@ -53,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AxisRange",
     "BLOCK_DTYPES",
     "CacheInfo",
     "Compiled",
@@ -72,6 +74,8 @@ __all__ = [
     "MissingOutputGradient",
     "MutableDataRequiresNoGrad",
     "NoGradientGraph",
+    "RopeTable",
+    "RopeTheta",
     "ShapeMismatch",
     "SliceRange",
     "TagError",

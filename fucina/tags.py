@@ -253,3 +253,38 @@ def einsum_many_validate(operands: Sequence[Sequence[str]], out: Sequence[str]) 
                 f"({', '.join(_fmt(t2) for t2 in operands)})"
             )
     return out
+
+
+#: The tags ``grouped_attention`` requires of its query and of its keys/values.
+ATTENTION_Q_TAGS: Tags = ("seq", "head", "d")
+ATTENTION_KV_TAGS: Tags = ("seq", "kv_head", "d")
+
+
+def attention_result(q: Sequence[str], k: Sequence[str], v: Sequence[str],
+                     out_tag: str) -> Tags:
+    """``grouped_attention`` result tags ``(seq, out_tag)``; q is exactly (seq, head, d),
+    k and v exactly (seq, kv_head, d)."""
+    if tuple(q) != ATTENTION_Q_TAGS:
+        raise TagError(f"grouped_attention: the query must be tagged {_fmt(ATTENTION_Q_TAGS)}, "
+                       f"got {_fmt(q)}")
+    for name, t in (("k", k), ("v", v)):
+        if tuple(t) != ATTENTION_KV_TAGS:
+            raise TagError(f"grouped_attention: {name} must be tagged "
+                           f"{_fmt(ATTENTION_KV_TAGS)}, got {_fmt(t)}")
+    return check_tags(("seq", out_tag))
+
+
+def rope_axes(tags: Sequence[str], position_tag: str, feature_tag: str) -> tuple[int, int]:
+    """Axis positions of a RoPE's position and feature tags (distinct, both present)."""
+    p, f = index(tags, position_tag), index(tags, feature_tag)
+    if p == f:
+        raise TagError(f"rope: the position and feature tags are both {position_tag!r}")
+    return p, f
+
+
+def softmax_query_axis(tags: Sequence[str], tag: str, query_tag: str) -> int:
+    """Axis of a fused causal softmax's query tag (present, not the softmax tag)."""
+    q = index(tags, query_tag)
+    if query_tag == tag:
+        raise TagError(f"softmax causal: query_tag {query_tag!r} is the softmax tag itself")
+    return q

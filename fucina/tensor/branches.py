@@ -90,14 +90,18 @@ def _names(*groups: str) -> list[str]:
     return out
 
 
-def _branch(name: str, *groups: str) -> type:
+def _branch(name: str, *groups: str, mixins: tuple[type, ...] = ()) -> type:
     ns: dict[str, Any] = {"__slots__": (), "__module__": "fucina"}
     for n in _names(*groups):
         ns[n] = POOL[n]
-    return type(Tensor)(name, (Tensor,), ns)
+    return type(Tensor)(name, (*mixins, Tensor), ns)
 
 
-F32Tensor = _branch("F32Tensor", _COMMON, _F32)
+# Interim wiring (until the facade lands as mixin classes): the NN op mixins.
+from .attention import AttentionOps  # noqa: E402
+from .rope import RopeOps  # noqa: E402
+
+F32Tensor = _branch("F32Tensor", _COMMON, _F32, mixins=(AttentionOps, RopeOps))
 HalfTensor = _branch("HalfTensor", _COMMON, _SCALAR_CONST, _TYPED_FLOAT, _HALF)
 F64Tensor = _branch("F64Tensor", _COMMON, _SCALAR_CONST, _TYPED_FLOAT)
 IntTensor = _branch("IntTensor", _COMMON, _SCALAR_CONST, _INT_MATH)
