@@ -8,11 +8,12 @@ The backward (flash-attention-2) runs one task per query head and walks key
 blocks, recomputing each block of probabilities from the saved logsumexp.
 Working memory is a few ``BQ x BK`` and ``B x D`` tiles per task.
 
-Small matrix products run on tiles copied into task-local row-major buffers
-(``_mm_nt``: 2 x 4 output tiles, a dot product over a contiguous axis that
-LLVM vectorizes), so a strided or transposed operand never reaches the inner
-loop. Tiles are zero-padded to whole output tiles; masked and padded scores
-are -inf before the softmax, so they contribute exactly 0.
+Block products run on the register-blocked micro-kernel of
+``fucina.kernels.microkernel`` (4 x 16 output tiles). Scores are kept
+transposed (keys by rows, queries along the contiguous axis) so that no tile
+is ever transposed and the softmax statistics are elementwise. Tiles are
+zero-padded to whole output tiles; masked and padded scores are -inf before
+the softmax, so they contribute exactly 0.
 
 Every operand is a flat float32 buffer plus an element offset of 0 and one
 stride per axis; the feature axis is unit-stride (the caller copies
@@ -26,6 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..errors import IndexOutOfBounds, InvalidShape, ShapeMismatch
+from .microkernel import NR, gemm
 from .vecmath import exp_f32, log_f32
 
 #: Query rows per forward task and per backward inner block.
@@ -36,78 +38,8 @@ BK = 64
 _FM = {"nsz", "arcp", "contract", "afn", "reassoc"}
 _F = np.float32
 _NEG = np.float32(-np.inf)
+_U = np.uint64  # unsigned flat indices: no negative-index wraparound select
 _opts = {"fastmath": _FM, "error_model": "numpy", "cache": True, "nogil": True}
-
-
-def pad4(n: int) -> int:
-    """``n`` rounded up to a multiple of 4 (the output tile width)."""
-    return (n + 3) & ~3
-
-
-@njit(**_opts)
-def _mm_nt(A, B, C, M, N, K, acc):  # noqa: ANN001, ANN202 - Numba kernel
-    """C[m, n] (+)= sum_k A[m, k] * B[n, k]; M even, N a multiple of 4."""
-    for m in range(0, M, 2):
-        for n in range(0, N, 4):
-            c00 = _F(0.0)
-            c01 = _F(0.0)
-            c02 = _F(0.0)
-            c03 = _F(0.0)
-            c10 = _F(0.0)
-            c11 = _F(0.0)
-            c12 = _F(0.0)
-            c13 = _F(0.0)
-            for k in range(K):
-                x0 = A[m, k]
-                x1 = A[m + 1, k]
-                y0 = B[n, k]
-                y1 = B[n + 1, k]
-                y2 = B[n + 2, k]
-                y3 = B[n + 3, k]
-                c00 += x0 * y0
-                c01 += x0 * y1
-                c02 += x0 * y2
-                c03 += x0 * y3
-                c10 += x1 * y0
-                c11 += x1 * y1
-                c12 += x1 * y2
-                c13 += x1 * y3
-            if acc:
-                C[m, n] += c00
-                C[m, n + 1] += c01
-                C[m, n + 2] += c02
-                C[m, n + 3] += c03
-                C[m + 1, n] += c10
-                C[m + 1, n + 1] += c11
-                C[m + 1, n + 2] += c12
-                C[m + 1, n + 3] += c13
-            else:
-                C[m, n] = c00
-                C[m, n + 1] = c01
-                C[m, n + 2] = c02
-                C[m, n + 3] = c03
-                C[m + 1, n] = c10
-                C[m + 1, n + 1] = c11
-                C[m + 1, n + 2] = c12
-                C[m + 1, n + 3] = c13
-
-
-@njit(**_opts)
-def _load_rows(src, base, stride, n, D, dst):  # noqa: ANN001, ANN202
-    """dst[r, :D] = src[base + r * stride + 0..D) for r < n; rows n.. stay as they are."""
-    for r in range(n):
-        b = base + r * stride
-        for d in range(D):
-            dst[r, d] = src[b + d]
-
-
-@njit(**_opts)
-def _load_rows_t(src, base, stride, n, D, dst):  # noqa: ANN001, ANN202
-    """dst[d, r] = src[base + r * stride + d] (a transposed tile)."""
-    for r in range(n):
-        b = base + r * stride
-        for d in range(D):
-            dst[d, r] = src[b + d]
 
 
 @njit(**_opts)
@@ -131,8 +63,13 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
     Query row ``i`` sits at absolute position ``i + off``; with ``causal`` it
     attends keys ``[max(0, p - window + 1) if window else 0, p]``. ``bias``
     ([S, KV], strides ``b_ss``/``b_sk``) is added to the scaled scores.
+
+    Scores are computed transposed (``S^T = K Q^T``: keys by rows, the block's
+    queries along the contiguous axis), so the running max, the rescale and
+    the denominators are elementwise over the query rows, not reductions, and
+    ``P V`` reads ``P^T`` as its broadcast operand: no tile is ever transposed.
     """
-    Dp = (D + 3) & ~3
+    Dv = (D + NR - 1) // NR * NR
     nqb = (S + BQ - 1) // BQ
     lse_base = S * H * D
     for t in prange(H * nqb):
@@ -140,80 +77,95 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
         i0 = (t - h * nqb) * BQ
         nq = min(BQ, S - i0)
         kh = kvmap[h]
-        Qs = np.zeros((BQ, Dp), np.float32)
-        Kb = np.zeros((BK, Dp), np.float32)
-        Vt = np.zeros((Dp, BK), np.float32)
-        Sb = np.empty((BQ, BK), np.float32)
-        acc = np.zeros((BQ, Dp), np.float32)
+        QT = np.zeros((D, BQ), np.float32)
+        Kb = np.zeros((BK, D), np.float32)
+        Vb = np.zeros((BK, Dv), np.float32)
+        St = np.empty((BK, BQ), np.float32)
+        acc = np.zeros((BQ, Dv), np.float32)
         m = np.full(BQ, _NEG, np.float32)
+        mn = np.empty(BQ, np.float32)
         el = np.zeros(BQ, np.float32)
-        lo_r = np.zeros(BQ, np.int64)
-        hi_r = np.zeros(BQ, np.int64)
+        lo_r = np.zeros(BQ, np.int32)
+        hi_r = np.zeros(BQ, np.int32)  # padding rows attend nothing
         for i in range(nq):
             b = (i0 + i) * q_ss + h * q_sh
             for d in range(D):
-                Qs[i, d] = q[b + d] * scale
+                QT[d, i] = q[_U(b + d)] * scale
             lo_r[i], hi_r[i] = _key_range(i0 + i + off, KV, causal, window)
         jlo = KV
         jhi = 0
+        all_lo = 0
+        all_hi = KV
         for i in range(nq):
             jlo = min(jlo, lo_r[i])
             jhi = max(jhi, hi_r[i])
+            all_lo = max(all_lo, lo_r[i])
+            all_hi = min(all_hi, hi_r[i])
         j0 = (jlo // BK) * BK
         while j0 < jhi:
             nk = min(BK, KV - j0)
-            _load_rows(k, j0 * k_ss + kh * k_sh, k_ss, nk, D, Kb)
-            _load_rows_t(v, j0 * v_ss + kh * v_sh, v_ss, nk, D, Vt)
-            if nk < BK:  # stale rows of the previous block must not leak
-                for r in range(nk, BK):
-                    for d in range(D):
-                        Kb[r, d] = 0.0
-                        Vt[d, r] = 0.0
-            _mm_nt(Qs, Kb, Sb, BQ, BK, Dp, False)
-            for i in range(nq):
-                lo = lo_r[i] - j0
-                hi = hi_r[i] - j0
-                mx = _NEG
-                if has_bias:
-                    bb = (i0 + i) * b_ss + j0 * b_sk
-                    for j in range(BK):
-                        s = Sb[i, j] + bias[bb + min(j, nk - 1) * b_sk]
-                        s = s if (j >= lo and j < hi) else _NEG
-                        Sb[i, j] = s
-                        mx = max(mx, s)
-                else:
-                    for j in range(BK):
-                        s = Sb[i, j] if (j >= lo and j < hi) else _NEG
-                        Sb[i, j] = s
-                        mx = max(mx, s)
-                mo = m[i]
-                mn = max(mo, mx)
-                if mn == _NEG:  # nothing attended yet: keep the row empty
-                    for j in range(BK):
-                        Sb[i, j] = 0.0
-                    continue
-                a = exp_f32(mo - mn)
-                tot = _F(0.0)
+            # K and V blocks are copied into contiguous tiles: their rows are a head
+            # stride apart in memory and would collide in the same cache sets.
+            kb = j0 * k_ss + kh * k_sh
+            vb = j0 * v_ss + kh * v_sh
+            for r in range(nk):
+                ks = kb + r * k_ss
+                vs = vb + r * v_ss
+                for d in range(D):
+                    Kb[r, d] = k[_U(ks + d)]
+                for d in range(D):
+                    Vb[r, d] = v[_U(vs + d)]
+            for r in range(nk, BK):
+                for d in range(D):
+                    Kb[r, d] = 0.0
+                    Vb[r, d] = 0.0
+            gemm(Kb, 0, D, 1, QT, 0, BQ, St, 0, BQ, BK, BQ, D, False)
+            # A block every real row attends in full needs no mask.
+            if has_bias or nq < BQ or nk < BK or j0 < all_lo or j0 + nk > all_hi:
                 for j in range(BK):
-                    p = exp_f32(Sb[i, j] - mn)
-                    Sb[i, j] = p
-                    tot += p
-                el[i] = el[i] * a + tot
-                m[i] = mn
+                    ja = j0 + j
+                    if j >= nk:
+                        for i in range(BQ):
+                            St[j, i] = _NEG
+                        continue
+                    if has_bias:
+                        bb = i0 * b_ss + ja * b_sk
+                        for i in range(nq):
+                            St[j, i] += bias[_U(bb + i * b_ss)]
+                    for i in range(BQ):
+                        ok = (ja >= lo_r[i]) & (ja < hi_r[i])
+                        St[j, i] = St[j, i] if ok else _NEG
+            for i in range(BQ):
+                mn[i] = m[i]
+            for j in range(BK):
+                for i in range(BQ):
+                    s = St[j, i]
+                    mn[i] = s if s > mn[i] else mn[i]
+            for i in range(BQ):
+                # A row that attended nothing yet keeps max -inf; shifting it by 0 keeps
+                # its exps exactly 0 instead of NaN.
+                x = mn[i]
+                x = x if x != _NEG else _F(0.0)
+                a = exp_f32(m[i] - x)
+                el[i] *= a
+                m[i] = mn[i]
+                mn[i] = x
                 if a != 1.0:
-                    for d in range(Dp):
+                    for d in range(Dv):
                         acc[i, d] *= a
-            for i in range(nq, BQ):
-                for j in range(BK):
-                    Sb[i, j] = 0.0
-            _mm_nt(Sb, Vt, acc, BQ, Dp, BK, True)
+            for j in range(BK):
+                for i in range(BQ):
+                    p = exp_f32(St[j, i] - mn[i])
+                    el[i] += p
+                    St[j, i] = p
+            gemm(St, 0, 1, BQ, Vb, 0, Dv, acc, 0, Dv, BQ, Dv, nk, True)
             j0 += BK
         for i in range(nq):
             b = ((i0 + i) * H + h) * D
             inv = _F(1.0) / el[i]
             for d in range(D):
-                out[b + d] = acc[i, d] * inv
-            out[lse_base + h * S + i0 + i] = m[i] + log_f32(el[i])
+                out[_U(b + d)] = acc[i, d] * inv
+            out[_U(lse_base + h * S + i0 + i)] = m[i] + log_f32(el[i])
 
 
 @njit(parallel=True, **_opts)
@@ -222,112 +174,109 @@ def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss
                        window):  # noqa: ANN001, ANN201
     """Gradients of the forward above (no bias) from its output ``o`` (with logsumexp).
 
-    ``dq`` is [S, H, D] and zeroed by the caller; the key/value gradients of
-    query head ``h`` go to ``dk``/``dv`` at ``key * dk_ss + slot[h] * dk_sh``:
-    its kv head's rows when each kv head serves one query head, else a
-    per-head partial the caller sums (:func:`sum_partials`).
+    One task per query head: its query rows and output gradient are laid out
+    once as row tiles and transposed tiles; then each key block recomputes the
+    transposed probabilities ``P^T = exp(K Q^T scale - lse)`` and accumulates
+    ``dV += P^T dO``, ``dS^T = P^T (V dO^T - delta)``, ``dK += dS^T Q scale``,
+    ``dQ += dS K scale``. ``dq`` is [S, H, D]; the key/value gradients of query
+    head ``h`` go to ``dk``/``dv`` at ``key * dk_ss + slot[h] * dk_sh``: its kv
+    head's rows when each kv head serves one query head, else a per-head
+    partial the caller sums (:func:`sum_partials`).
     """
-    Dp = (D + 3) & ~3
+    Dv = (D + NR - 1) // NR * NR
+    nqb = (S + BQ - 1) // BQ
+    Sp = nqb * BQ
     lse_base = S * H * D
     for h in prange(H):
         kh = kvmap[h]
-        delta = np.zeros(S, np.float32)
+        QT = np.zeros((nqb, D, BQ), np.float32)
+        Qb = np.zeros((nqb, BQ, Dv), np.float32)
+        GT = np.zeros((nqb, D, BQ), np.float32)
+        Gb = np.zeros((nqb, BQ, Dv), np.float32)
+        dQl = np.zeros((nqb, BQ, Dv), np.float32)
+        delta = np.zeros(Sp, np.float32)
+        lse = np.zeros(Sp, np.float32)
         for i in range(S):
-            ob = (i * H + h) * D
+            ib = i // BQ
+            r = i - ib * BQ
+            qb = i * q_ss + h * q_sh
             gb = i * go_ss + h * go_sh
-            s = _F(0.0)
+            ob = (i * H + h) * D
+            dl = _F(0.0)
             for d in range(D):
-                s += o[ob + d] * go[gb + d]
-            delta[i] = s
-        Kj = np.zeros((BK, Dp), np.float32)
-        Vj = np.zeros((BK, Dp), np.float32)
-        Kt = np.zeros((Dp, BK), np.float32)
-        dKj = np.zeros((BK, Dp), np.float32)
-        dVj = np.zeros((BK, Dp), np.float32)
-        Qi = np.zeros((BQ, Dp), np.float32)
-        Qt = np.zeros((Dp, BQ), np.float32)
-        Gi = np.zeros((BQ, Dp), np.float32)
-        Gt = np.zeros((Dp, BQ), np.float32)
-        P = np.zeros((BQ, BK), np.float32)
-        Pt = np.zeros((BK, BQ), np.float32)
-        dP = np.zeros((BQ, BK), np.float32)
-        dSt = np.zeros((BK, BQ), np.float32)
-        dQi = np.zeros((BQ, Dp), np.float32)
+                x = q[_U(qb + d)] * scale
+                Qb[ib, r, d] = x
+                QT[ib, d, r] = x
+                y = go[_U(gb + d)]
+                Gb[ib, r, d] = y
+                GT[ib, d, r] = y
+                dl += o[_U(ob + d)] * y
+            delta[i] = dl
+            lse[i] = o[_U(lse_base + h * S + i)]
+        Kb = np.zeros((BK, Dv), np.float32)
+        Vb = np.zeros((BK, Dv), np.float32)
+        dKj = np.empty((BK, Dv), np.float32)
+        dVj = np.empty((BK, Dv), np.float32)
+        St = np.empty((BK, BQ), np.float32)
+        dPt = np.empty((BK, BQ), np.float32)
         for j0 in range(0, KV, BK):
             nk = min(BK, KV - j0)
-            for r in range(BK):
-                for d in range(Dp):
-                    Kj[r, d] = 0.0
-                    Vj[r, d] = 0.0
-                    Kt[d, r] = 0.0
-                    dKj[r, d] = 0.0
-                    dVj[r, d] = 0.0
-            _load_rows(k, j0 * k_ss + kh * k_sh, k_ss, nk, D, Kj)
-            _load_rows_t(k, j0 * k_ss + kh * k_sh, k_ss, nk, D, Kt)
-            _load_rows(v, j0 * v_ss + kh * v_sh, v_ss, nk, D, Vj)
-            # Query rows that can see a key of this block.
-            ilo = 0
-            ihi = S
+            for r in range(nk):
+                kb = (j0 + r) * k_ss + kh * k_sh
+                vb = (j0 + r) * v_ss + kh * v_sh
+                for d in range(D):
+                    Kb[r, d] = k[_U(kb + d)]
+                for d in range(D):
+                    Vb[r, d] = v[_U(vb + d)]
+            for r in range(nk, BK):
+                for d in range(D):
+                    Kb[r, d] = 0.0
+                    Vb[r, d] = 0.0
+            dKj[:] = 0.0
+            dVj[:] = 0.0
+            # Query blocks holding a row that can see a key of this block.
+            ib_lo = 0
+            ib_hi = nqb
             if causal:
-                ilo = max(0, j0 - off)
+                ib_lo = max(0, j0 - off) // BQ
                 if window > 0:
-                    ihi = min(S, j0 + nk - 1 - off + window)
-            i0 = ilo
-            while i0 < ihi:
-                nq = min(BQ, ihi - i0)
-                for r in range(BQ):
-                    for d in range(Dp):
-                        Qi[r, d] = 0.0
-                        Qt[d, r] = 0.0
-                        Gi[r, d] = 0.0
-                        Gt[d, r] = 0.0
-                for r in range(nq):
-                    qb = (i0 + r) * q_ss + h * q_sh
-                    gb = (i0 + r) * go_ss + h * go_sh
-                    for d in range(D):
-                        x = q[qb + d] * scale
-                        Qi[r, d] = x
-                        Qt[d, r] = x
-                        y = go[gb + d]
-                        Gi[r, d] = y
-                        Gt[d, r] = y
-                _mm_nt(Qi, Kj, P, BQ, BK, Dp, False)
-                for r in range(BQ):
-                    if r < nq:
-                        lse = o[lse_base + h * S + i0 + r]
-                        lo, hi = _key_range(i0 + r + off, KV, causal, window)
-                        lo -= j0
-                        hi = min(hi - j0, nk)
-                    else:
-                        lse = _F(0.0)
-                        lo = 0
+                    ib_hi = min(nqb, (min(S, j0 + nk - 1 - off + window) + BQ - 1) // BQ)
+            for ib in range(ib_lo, ib_hi):
+                i0 = ib * BQ
+                nq = min(BQ, S - i0)
+                qt = ib * D * BQ
+                rows = ib * BQ * Dv
+                gemm(Kb, 0, Dv, 1, QT, qt, BQ, St, 0, BQ, BK, BQ, D, False)
+                for j in range(BK):
+                    lo = 0
+                    hi = nq
+                    if j >= nk:
                         hi = 0
-                    for j in range(BK):
-                        p = exp_f32(P[r, j] - lse)
-                        P[r, j] = p if (j >= lo and j < hi) else _F(0.0)
-                for r in range(BQ):
-                    for j in range(BK):
-                        Pt[j, r] = P[r, j]
-                _mm_nt(Pt, Gt, dVj, BK, Dp, BQ, True)
-                _mm_nt(Gi, Vj, dP, BQ, BK, Dp, False)
-                for r in range(BQ):
-                    dl = delta[i0 + r] if r < nq else _F(0.0)
-                    for j in range(BK):
-                        ds = P[r, j] * (dP[r, j] - dl)
-                        dP[r, j] = ds
-                        dSt[j, r] = ds
-                _mm_nt(dSt, Qt, dKj, BK, Dp, BQ, True)
-                _mm_nt(dP, Kt, dQi, BQ, Dp, BK, False)
-                for r in range(nq):
-                    b = ((i0 + r) * H + h) * D
-                    for d in range(D):
-                        dq[b + d] += dQi[r, d] * scale
-                i0 += BQ
+                    elif causal:  # query p = i + off sees key j0 + j when j0 + j <= p
+                        lo = max(0, j0 + j - off - i0)
+                        if window > 0:
+                            hi = min(nq, j0 + j - off + window - i0)
+                    for i in range(BQ):
+                        p = exp_f32(St[j, i] - lse[i0 + i])
+                        St[j, i] = p if (i >= lo) & (i < hi) else _F(0.0)
+                gemm(St, 0, BQ, 1, Gb, rows, Dv, dVj, 0, Dv, BK, Dv, BQ, True)
+                gemm(Vb, 0, Dv, 1, GT, qt, BQ, dPt, 0, BQ, BK, BQ, D, False)
+                for j in range(BK):
+                    for i in range(BQ):
+                        dPt[j, i] = St[j, i] * (dPt[j, i] - delta[i0 + i])
+                gemm(dPt, 0, BQ, 1, Qb, rows, Dv, dKj, 0, Dv, BK, Dv, BQ, True)
+                gemm(dPt, 0, 1, BQ, Kb, 0, Dv, dQl, rows, Dv, BQ, Dv, BK, True)
             for r in range(nk):
                 b = (j0 + r) * dk_ss + slot[h] * dk_sh
                 for d in range(D):
-                    dk[b + d] = dKj[r, d]
-                    dv[b + d] = dVj[r, d]
+                    dk[_U(b + d)] = dKj[r, d]
+                    dv[_U(b + d)] = dVj[r, d]
+        for i in range(S):
+            ib = i // BQ
+            r = i - ib * BQ
+            b = (i * H + h) * D
+            for d in range(D):
+                dq[_U(b + d)] = dQl[ib, r, d] * scale
 
 
 @njit(parallel=True, **_opts)
@@ -337,12 +286,12 @@ def sum_partials(part, kvmap, out, H, KV, KH, D):  # noqa: ANN001, ANN201
         for j in range(KV):
             b = (j * KH + kh) * D
             for d in range(D):
-                out[b + d] = 0.0
+                out[_U(b + d)] = 0.0
             for h in range(H):
                 if kvmap[h] == kh:
                     pb = (h * KV + j) * D
                     for d in range(D):
-                        out[b + d] += part[pb + d]
+                        out[_U(b + d)] += part[_U(pb + d)]
 
 
 # -- drivers: numpy views in, flat results out ------------------------------------
@@ -457,7 +406,6 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, go: np.
     if out is None:
         out = np.empty(nq + 2 * nk, np.float32)
     dq, dk, dv = out[:nq], out[nq:nq + nk], out[nq + nk:]
-    dq[:] = 0.0
     users = np.bincount(kvmap, minlength=KH)
     off = KV - S if causal else 0
     args = (np.float32(scale), S, H, KV, D, off, bool(causal), int(window))
