@@ -12,7 +12,7 @@ from typing import Any
 from . import internal, rng
 from .blocks import *  # noqa: F403 - GGML block dtypes and block-size constants
 from .blocks import BLOCK_DTYPES, BLOCK_SIZES
-from .compile import Compiled, compile  # noqa: A004 - fucina.compile is the public name
+from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
     ContextMismatch,

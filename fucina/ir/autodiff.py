@@ -9,6 +9,7 @@ Gradients are always f32 (f16/bf16 leaves receive f32 gradients).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ..dtypes import DType
 from ..runtime.gradmode import no_grad
@@ -233,7 +234,7 @@ def _unary(n: Node, g: Node) -> Grads:
         src, dfn, params = _UNARY_D[fn]
         if params is None:
             params = tuple(n.attrs.get("params", ()))
-        kw = {"params": params} if params else {}
+        kw: dict[str, Any] = {"params": params} if params else {}
         d = emit("unary", (x if src == "x" else n,), fn=dfn, **kw)
         return (_bin("mul", g, d),)
     raise KeyError(f"no gradient rule for unary {fn}")
@@ -370,15 +371,18 @@ def _contract(n: Node, g: Node) -> Grads:
 
 @rule("gather")
 def _gather(n: Node, g: Node) -> Grads:
-    x = n.inputs[0]
+    x, *index = n.inputs  # positions: the attribute, or a traced i64 input (no gradient)
     axis = n.attrs["axis"]
-    return (emit("scatter_axis_add", (g,), axis=axis, index=n.attrs["index"],
-                 dim=x.shape[axis]),)
+    gx = emit("scatter_axis_add", (g, *index), axis=axis, index=n.attrs.get("index"),
+              dim=x.shape[axis])
+    return (gx, None) if index else (gx,)
 
 
 @rule("scatter_axis_add")
 def _scatter_axis_add(n: Node, g: Node) -> Grads:
-    return (emit("gather", (g,), axis=n.attrs["axis"], index=n.attrs["index"]),)
+    _, *index = n.inputs
+    gx = emit("gather", (g, *index), axis=n.attrs["axis"], index=n.attrs.get("index"))
+    return (gx, None) if index else (gx,)
 
 
 @rule("index_add")

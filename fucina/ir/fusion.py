@@ -12,6 +12,7 @@ f16/bf16 math) runs through the reference kernels between generated ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 from ..dtypes import DType
 from ..kernels import codegen as cg
 from ..kernels.elementwise import BINARY, COMPARE, SCALAR, UNARY
+from ..runtime.raw import contiguous_strides
 from .graph import Node
 
 EW_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy"})
@@ -92,14 +94,6 @@ class Group:
         return tuple(self.full_shape[a] for a in self.kept_axes) or (1,)
 
 
-def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
-
-
 class Fuser:
     """Assigns every compute node to a group (kernel) or to the reference path."""
 
@@ -127,7 +121,7 @@ class Fuser:
         val = v.value
         if tuple(val.shape) != g.full_shape or val.offset != p.value.offset:
             return None
-        kc = _contig(tuple(g.full_shape[a] for a in g.kept_axes))
+        kc = contiguous_strides(tuple(g.full_shape[a] for a in g.kept_axes))
         for k, a in enumerate(g.kept_axes):
             if g.full_shape[a] != 1 and val.strides[a] != kc[k]:
                 return None
@@ -256,14 +250,6 @@ class Fuser:
 
 
 @dataclass
-class Binding:
-    """How a kernel operand maps to a program value at run time."""
-
-    node: Node          # the value node (its storage is the buffer)
-    level: str
-
-
-@dataclass
 class BuiltKernel:
     """A group turned into a spec plus the per-call integer arguments."""
 
@@ -278,7 +264,7 @@ class BuiltKernel:
 
 def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]:
     """Expression text for elementwise node ``n`` over operand names."""
-    op, fn = n.op, n.attrs.get("fn")
+    op, fn = n.op, n.attrs.get("fn", "")
     params: list[Any] = []
 
     def param(value: Any) -> str:
@@ -363,7 +349,7 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
     # only walk the kept axes.
     table: list[tuple[list[int], str, int]] = []
     for v, lvl in inputs:
-        st = v.value.strides
+        st: Sequence[int] = v.value.strides
         if lvl == "kept" and g.raxes:
             ks = [st[k] if len(st) == nk0 and full[a] != 1 else 0
                   for k, a in enumerate(kept_axes)]
@@ -371,8 +357,8 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
         else:
             table.append(([st[a] if full[a] != 1 else 0 for a in loop_axes], "full",
                           v.value.offset))
-    fc = _contig(full)
-    kc = _contig(tuple(full[a] for a in kept_axes))
+    fc = contiguous_strides(full)
+    kc = contiguous_strides(tuple(full[a] for a in kept_axes))
     for n in outputs:
         if g.level[id(n)] == "kept" and g.raxes:
             table.append((list(kc), "kept", 0))

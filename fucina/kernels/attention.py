@@ -39,11 +39,12 @@ _FM = {"nsz", "arcp", "contract", "afn", "reassoc"}
 _F = np.float32
 _NEG = np.float32(-np.inf)
 _U = np.uint64  # unsigned flat indices: no negative-index wraparound select
-_opts = {"fastmath": _FM, "error_model": "numpy", "cache": True, "nogil": True}
+_jit = njit(fastmath=_FM, error_model="numpy", cache=True, nogil=True)
+_pjit = njit(parallel=True, fastmath=_FM, error_model="numpy", cache=True, nogil=True)
 
 
-@njit(**_opts)
-def _key_range(p, KV, causal, window):  # noqa: ANN001, ANN202
+@_jit
+def _key_range(p, KV, causal, window):
     """[lo, hi) of the keys absolute query position ``p`` attends."""
     if not causal:
         return 0, KV
@@ -54,10 +55,10 @@ def _key_range(p, KV, causal, window):  # noqa: ANN001, ANN202
     return lo, hi
 
 
-@njit(parallel=True, **_opts)
+@_pjit
 def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b_sk,
                       has_bias, kvmap, out, scale, S, H, KV, D, off, causal,
-                      window):  # noqa: ANN001, ANN201
+                      window):
     """Output [S, H, D] then logsumexp [H, S] into the flat ``out``.
 
     Query row ``i`` sits at absolute position ``i + off``; with ``causal`` it
@@ -168,10 +169,10 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
             out[_U(lse_base + h * S + i0 + i)] = m[i] + log_f32(el[i])
 
 
-@njit(parallel=True, **_opts)
+@_pjit
 def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss, go_sh,
                        kvmap, dq, dk, dv, slot, dk_ss, dk_sh, scale, S, H, KV, D, off, causal,
-                       window):  # noqa: ANN001, ANN201
+                       window):
     """Gradients of the forward above (no bias) from its output ``o`` (with logsumexp).
 
     One task per query head: its query rows and output gradient are laid out
@@ -279,8 +280,8 @@ def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss
                 dq[_U(b + d)] = dQl[ib, r, d] * scale
 
 
-@njit(parallel=True, **_opts)
-def sum_partials(part, kvmap, out, H, KV, KH, D):  # noqa: ANN001, ANN201
+@_pjit
+def sum_partials(part, kvmap, out, H, KV, KH, D):
     """out[key, kh, :] = sum over heads h with kvmap[h] == kh of part[h, key, :]."""
     for kh in prange(KH):
         for j in range(KV):

@@ -39,7 +39,7 @@ _NV = NR // 8
 
 
 @intrinsic
-def _tile(typingctx, A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, K, accumulate):  # noqa: ANN001, ANN202, ARG001
+def _tile(typingctx, A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, K, accumulate):
     """One MR x NR tile of C (+)= A B over ``K`` (see the module docstring)."""
     for arr in (A, B, C):
         if not isinstance(arr, types.Array) or arr.dtype != types.float32:
@@ -47,7 +47,7 @@ def _tile(typingctx, A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, K, accu
     sig = types.void(A, types.int64, types.int64, types.int64, B, types.int64, types.int64,
                      C, types.int64, types.int64, types.int64, types.boolean)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         (a_arr, a_off, a_rs, a_ks, b_arr, b_off, ldb, c_arr, c_off, ldc, k_len,
          acc_flag) = args
         f32 = ir.FloatType()
@@ -101,7 +101,7 @@ def _tile(typingctx, A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, K, accu
 
 
 @njit(cache=True, nogil=True)
-def gemm(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate):  # noqa: ANN001, ANN201
+def gemm(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate):
     """C (+)= A B over whole MR x NR tiles (``M % 4 == 0``, ``N % 16 == 0``).
 
     Column panels outermost: a ``K x 16`` panel of ``B`` stays in L1 while the
@@ -109,5 +109,5 @@ def gemm(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate
     """
     for n in range(0, N, NR):
         for m in range(0, M, MR):
-            _tile(A, a_off + m * a_rs, a_rs, a_ks, B, b_off + n, ldb, C, c_off + m * ldc + n,
-                  ldc, K, accumulate)
+            _tile(A, a_off + m * a_rs, a_rs, a_ks, B, b_off + n, ldb,  # type: ignore[call-arg]
+                  C, c_off + m * ldc + n, ldc, K, accumulate)

@@ -9,14 +9,31 @@ carry shapes and layouts through a program without data.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 
 import numpy as np
 
 from ..dtypes import DType
 from ..errors import InvalidDataLength, InvalidShape, UnsupportedView
-from .storage import Storage
+from .storage import Storage, SymbolicStorage
 
 MAX_RANK = 8
+
+_reads = threading.local()
+
+
+def set_read_observer(fn: Callable[[RawTensor], None] | None
+                      ) -> Callable[[RawTensor], None] | None:
+    """Call ``fn(raw)`` whenever host code reads a raw tensor's data on this thread.
+
+    ``fucina.compile`` observes reads while tracing: a captured tensor whose
+    values the traced Python code reads (a mask turned into indices) shapes the
+    trace, so its values are guarded. Returns the previous observer.
+    """
+    prev = getattr(_reads, "fn", None)
+    _reads.fn = fn
+    return prev
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -32,7 +49,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def check_shape(shape: object, rank: int | None = None) -> tuple[int, ...]:
     """Validate a shape: a sequence of positive ints of the expected rank (1..8)."""
     try:
-        dims = tuple(shape)  # type: ignore[arg-type]
+        dims: tuple[object, ...] = tuple(shape)  # type: ignore[arg-type]
     except TypeError:
         raise InvalidShape(f"shape must be a sequence of ints, got {shape!r}") from None
     out = []
@@ -74,7 +91,13 @@ class RawTensor:
     @classmethod
     def symbolic(cls, dtype: DType, shape: tuple[int, ...]) -> RawTensor:
         """A contiguous layout with no data (tracing)."""
-        return cls(Storage(None), dtype, shape, _storage_strides(dtype, shape))
+        return cls(SymbolicStorage(_storage_count(dtype, shape)), dtype, shape,
+                   _storage_strides(dtype, shape))
+
+    @classmethod
+    def symbolic_like(cls, raw: RawTensor) -> RawTensor:
+        """A traced stand-in for ``raw``: its layout from offset 0, storage size unknown."""
+        return cls(SymbolicStorage(None), raw.dtype, raw.shape, raw.strides, 0)
 
     @classmethod
     def from_array(cls, dtype: DType, arr: np.ndarray, shape: tuple[int, ...] | None = None,
@@ -139,7 +162,11 @@ class RawTensor:
 
     def array(self) -> np.ndarray:
         """numpy view in logical shape over storage elements (blocks: storage shape)."""
+        observer = getattr(_reads, "fn", None)
+        if observer is not None:
+            observer(self)
         buf = self.storage.buf
+        assert buf is not None, "a symbolic tensor has no buffer"
         item = buf.itemsize
         return np.ndarray(self.storage_shape(), dtype=buf.dtype, buffer=buf,
                           offset=self.offset * item,
@@ -151,8 +178,13 @@ class RawTensor:
             raise UnsupportedView(
                 f"tensor with shape {self.shape} and strides {self.strides} is not contiguous; "
                 "materialize it first or use copy_to")
+        observer = getattr(_reads, "fn", None)
+        if observer is not None:
+            observer(self)
         n = _storage_count(self.dtype, self.shape)
-        return self.storage.buf[self.offset:self.offset + n]
+        buf = self.storage.buf
+        assert buf is not None, "a symbolic tensor has no buffer"
+        return buf[self.offset:self.offset + n]
 
     def contiguous_copy(self) -> RawTensor:
         """A fresh contiguous copy."""

@@ -304,7 +304,7 @@ def yarn_blend_inv_freqs_f64(dim: Any, base: Any, factor: Any, orig_ctx: Any) ->
         return d * math.log(ctx_len / (rotations * 2 * math.pi)) / (2 * math.log(b))
 
     low = max(math.floor(correction_dim(32.0)), 0)
-    high = min(math.ceil(correction_dim(1.0)), d - 1)
+    high: float = min(math.ceil(correction_dim(1.0)), d - 1)
     if low == high:
         high += 0.001  # a one-pair ramp would divide by zero
     ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)

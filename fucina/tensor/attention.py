@@ -10,7 +10,10 @@ materializes the scores: see docs/ARCHITECTURE.md for the measurement.
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .. import tags as T
 from ..dtypes import DType
@@ -22,6 +25,9 @@ from ..runtime.gradmode import is_grad_enabled, no_grad
 from ..runtime.raw import RawTensor
 from .base import Tensor, check_tensor, host_indices, result, same_ctx
 from .unary import f32_param
+
+if TYPE_CHECKING:
+    from .branches import F32Tensor
 
 _MASKS = ("causal", "bidirectional")
 
@@ -55,14 +61,15 @@ def _window(window: Any) -> int:
     return int(window)
 
 
-class AttentionOps(Tensor):
+class Attention(Tensor):
     """Attention on f32 tensors tagged (seq, head, d)."""
 
     __slots__ = ()
 
-    def grouped_attention(self, k: Tensor, v: Tensor, kv_head_for_head: Any, out_tag: str,
+    def grouped_attention(self, k: Tensor, v: Tensor,
+                          kv_head_for_head: Sequence[int] | np.ndarray | Tensor, out_tag: str,
                           scale_value: float, *, mask: str = "causal", window: int = 0,
-                          bias: Tensor | None = None) -> Tensor:
+                          bias: Tensor | None = None) -> F32Tensor:
         """Grouped-query flash attention; returns ``[seq, head * d]`` tagged (seq, out_tag).
 
         ``self`` is the query, tagged exactly ``(seq, head, d)``; ``k`` and ``v``
@@ -130,4 +137,4 @@ class AttentionOps(Tensor):
         return result(self, tags, _attention_ir.flat_view(node, 0, (S, H * D)))
 
 
-__all__ = ["AttentionOps"]
+__all__ = ["Attention"]

@@ -15,7 +15,7 @@ untouched features.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +26,11 @@ from ..ir.execute import emit
 from ..ir.graph import Node, leaf
 from ..runtime import rope as R
 from ..runtime.raw import RawTensor
+from ..runtime.rope import RopeTable, RopeTheta
 from .base import Tensor, check_tensor, result, same_ctx
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 ROPE_MODES = ("half", "interleaved", "interleaved_tail")
 
@@ -152,12 +156,13 @@ def _narrow(x: Node, axis: int, start: int, length: int) -> Node:
     return emit("view", (x,), shape=shape, coeffs=coeffs, base=base)
 
 
-class RopeOps(Tensor):
+class Rope(Tensor):
     """Rotary position embedding on f32 tensors."""
 
     __slots__ = ()
 
-    def rope(self, position_tag: str, feature_tag: str, source: Any, mode: str) -> Tensor:
+    def rope(self, position_tag: str, feature_tag: str,
+             source: RopeTable | RopeTheta | dict[str, Any], mode: str) -> Self:
         """Rotate feature pairs of ``feature_tag`` by angles that depend on ``position_tag``.
 
         ``source`` is a ``fucina.RopeTable`` (prepared factors; its
@@ -190,4 +195,4 @@ class RopeOps(Tensor):
         return result(self, self.axis_tags, emit("concat", parts, axis=fa))
 
 
-__all__ = ["ROPE_MODES", "RopeOps"]
+__all__ = ["ROPE_MODES", "Rope"]
