@@ -186,9 +186,9 @@ def test_kv_map_as_tensor_eager_and_compiled(ctx):
         np.testing.assert_allclose(f(q, k, v, m).numpy(), want, rtol=1e-4, atol=2e-5)
         np.testing.assert_allclose(fast(q, k, v, m).numpy(), want, rtol=1e-4, atol=2e-5)
     bad = M.from_slice(ctx, (3,), [0, 2, 1])
-    with pytest.raises(F.IndexOutOfBounds, match="kv_head_for_head"):
+    with pytest.raises(F.IndexOutOfBounds, match="kv_head"):
         f(q, k, v, bad)
-    with pytest.raises(F.IndexOutOfBounds, match="kv_head_for_head"):
+    with pytest.raises(F.IndexOutOfBounds, match="kv_head"):
         fast(q, k, v, bad)
 
 

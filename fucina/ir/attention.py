@@ -23,6 +23,7 @@ from ..kernels import attention as K
 from ..kernels.reference import kernel
 from ..runtime.raw import RawTensor
 from .autodiff import rule
+from .checks import VALUE_CHECKS, check_range
 from .execute import emit
 from .graph import Node
 from .ops import OPS, Meta, OpDef
@@ -41,6 +42,16 @@ def _grad_meta(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
 
 OPS["attention"] = OpDef("attention", infer=_attention_meta)
 OPS["attention_grad"] = OpDef("attention_grad", infer=_grad_meta, differentiable=False)
+
+
+def _kv_map_in_range(inputs: Any, attrs: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """The head map (input 3) names existing kv heads: checked before the kernel reads it."""
+    kv_heads = inputs[1].shape[1]
+    check_range(arrays[3], 0, kv_heads, "'kv_head' (kv_head_for_head)", kv_heads)
+
+
+VALUE_CHECKS["attention"] = _kv_map_in_range
+VALUE_CHECKS["attention_grad"] = _kv_map_in_range
 
 
 @kernel("attention")
