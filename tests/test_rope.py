@@ -1,139 +1,194 @@
-"""rope against a torch implementation of each mode (values and input gradients, eager and
-compiled), with tables, on-the-fly factors and partial rotary spans."""
+"""RoPE without torch: the reference's snippet, tables, AxisRange and every input check."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 
 import fucina as F
 
-torch = pytest.importorskip("torch")
+
+def test_snippet_rope_rotates_feature_pairs_by_position(ctx):
+    """REFERENCE §4.12: position 0 is the identity, position 1 turns by 1 rad."""
+    x = F.Tensor("seq", "d").from_slice(ctx, (2, 2), [1, 0, 1, 0])
+    y = x.rope("seq", "d", F.RopeTheta(positions=[0, 1], theta_base=10000), "half")
+    out = y.data_const()
+    assert abs(out[0] - 1) <= 1e-6
+    assert abs(out[2] - math.cos(1.0)) <= 1e-6
+    assert abs(out[3] - math.sin(1.0)) <= 1e-6
 
 
-def torch_rope(x, pa, fa, cos, sin, mode):
-    """Reference rotation of ``x`` (torch) with cos/sin [positions, span/2]."""
-    xt = x.movedim((pa, fa), (-2, -1))
-    D = xt.shape[-1]
-    h = cos.shape[1]
-    r = 2 * h
-    c, s = cos, sin
-
-    def interleave(seg):
-        xe, xo = seg[..., 0::2], seg[..., 1::2]
-        return torch.stack((xe * c - xo * s, xe * s + xo * c), dim=-1).flatten(-2)
-
-    if mode == "half":
-        x1, x2 = xt[..., :h], xt[..., h:r]
-        out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, xt[..., r:]), dim=-1)
-    elif mode == "interleaved":
-        out = torch.cat((interleave(xt[..., :r]), xt[..., r:]), dim=-1)
-    else:
-        out = torch.cat((xt[..., :D - r], interleave(xt[..., D - r:])), dim=-1)
-    return out.movedim((-2, -1), (pa, fa))
+def test_hand_computed_modes(ctx):
+    """One position at angle pi/2 on pairs (0, 2)/(1, 3) (half) or (0, 1)/(2, 3)."""
+    cos = np.zeros((1, 2), np.float32)
+    sin = np.ones((1, 2), np.float32)
+    table = F.RopeTable(cos, sin, 4)
+    x = F.Tensor("seq", "d").from_slice(ctx, (1, 6), [1, 2, 3, 4, 5, 6])
+    # a partial span of 4 over 6 features: the last two (first two for _tail) pass through
+    np.testing.assert_array_equal(x.rope("seq", "d", table, "half").numpy(),
+                                  [[-3, -4, 1, 2, 5, 6]])
+    np.testing.assert_array_equal(x.rope("seq", "d", table, "interleaved").numpy(),
+                                  [[-2, 1, -4, 3, 5, 6]])
+    np.testing.assert_array_equal(x.rope("seq", "d", table, "interleaved_tail").numpy(),
+                                  [[1, 2, -4, 3, -6, 5]])
 
 
-def torch_factors(positions, dim, base):
-    """HF-style on-the-fly factors, computed independently in torch."""
-    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    ang = torch.tensor(positions, dtype=torch.float32)[:, None] * inv.float()[None, :]
-    return torch.cos(ang), torch.sin(ang)
+def test_inverse_table_and_negative_positions_undo_the_rotation(ctx):
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((5, 3, 8)).astype(np.float32)
+    x = F.Tensor("seq", "h", "d").from_slice(ctx, x0.shape, x0)
+    pos = [3, 9, 27, 81, 243]
+    fwd = ctx.prepare_rope_table(pos, 8, 10000.0)
+    inv = ctx.prepare_rope_table(pos, 8, 10000.0, inverse=True)
+    back = ctx.prepare_rope_table([-p for p in pos], 8, 10000.0)
+    for mode in ("half", "interleaved"):
+        y = x.rope("seq", "d", fwd, mode)
+        np.testing.assert_allclose(y.rope("seq", "d", inv, mode).numpy(), x0, atol=2e-6)
+        np.testing.assert_allclose(y.rope("seq", "d", back, mode).numpy(), x0, atol=2e-6)
+    np.testing.assert_array_equal(inv.sin, -fwd.sin)
 
 
-LAYOUTS = [
-    # tags, shape, position tag, feature tag
-    (("b", "seq", "head", "d"), (2, 9, 3, 16), "seq", "d"),
-    (("d", "seq"), (12, 7), "seq", "d"),
-    (("seq", "head", "d"), (5, 2, 8), "seq", "d"),
-]
+def test_rope_gradient_is_the_inverse_rotation(ctx):
+    rng = np.random.default_rng(1)
+    x0 = rng.standard_normal((4, 6)).astype(np.float32)
+    g0 = rng.standard_normal((4, 6)).astype(np.float32)
+    T = F.Tensor("seq", "d")
+    x = T.variable_from_slice(ctx, x0.shape, x0)
+    table = ctx.prepare_rope_table([0, 5, 10, 15], 6, 100.0)
+    inv = ctx.prepare_rope_table([0, 5, 10, 15], 6, 100.0, inverse=True)
+    x.rope("seq", "d", table, "interleaved").backward_with_grad(T.from_slice(ctx, (4, 6), g0))
+    want = T.from_slice(ctx, (4, 6), g0).rope("seq", "d", inv, "interleaved").numpy()
+    np.testing.assert_allclose(x.grad().numpy(), want, atol=1e-6)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("span_frac", [1.0, 0.5])
-@pytest.mark.parametrize("mode", ["half", "interleaved", "interleaved_tail"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_rope_table_matches_torch(layout, mode, span_frac, compiled, ctx):
-    tags, shape, ptag, ftag = layout
-    pa, fa = tags.index(ptag), tags.index(ftag)
-    D, P = shape[fa], shape[pa]
-    span = int(D * span_frac) // 2 * 2
-    rng = np.random.default_rng(D + P + len(mode))
-    x0 = rng.standard_normal(shape).astype(np.float32)
-    w0 = rng.standard_normal(shape).astype(np.float32)
-    positions = rng.integers(-3, 40, P)
-    table = ctx.prepare_rope_table(positions, span, 500.0)
-    x = F.Tensor(*tags).variable_from_slice(ctx, shape, x0)
-    w = F.Tensor(*tags).from_slice(ctx, shape, w0)
-
-    def step(x, w):
-        y = x.rope(ptag, ftag, table, mode)
-        y.mul(w).sum_all().backward()
-        return y
-
-    y = (F.compile(step) if compiled else step)(x, w)
-    xt = torch.tensor(x0, requires_grad=True)
-    yt = torch_rope(xt, pa, fa, torch.tensor(table.cos), torch.tensor(table.sin), mode)
-    (yt * torch.tensor(w0)).sum().backward()
-    assert y.axis_tags == tags
-    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=1e-6, atol=1e-6)
+def test_range_tables_are_bitwise_identical_to_arrays(ctx):
+    for origin in (0, 7, 1000, -5):
+        r = F.AxisRange(origin=origin, len=9)
+        for inverse in (False, True):
+            a = ctx.prepare_rope_table(r.positions(), 16, 5e5, inverse)
+            b = ctx.prepare_rope_table_range(r, 16, 5e5, inverse)
+            assert np.array_equal(a.cos, b.cos) and np.array_equal(a.sin, b.sin)
+            ff = [1.0, 2.0, 4.0, 8.0, 1.0, 1.5, 3.0, 0.5]
+            a = ctx.prepare_rope_table_factors(r.positions(), 16, 5e5, inverse, ff)
+            b = ctx.prepare_rope_table_factors_range(r, 16, 5e5, inverse, ff)
+            assert np.array_equal(a.cos, b.cos) and np.array_equal(a.sin, b.sin)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("mode", ["half", "interleaved"])
-def test_rope_theta_matches_torch(mode, compiled, ctx):
-    rng = np.random.default_rng(11)
-    x0 = rng.standard_normal((6, 4, 32)).astype(np.float32)
-    w0 = rng.standard_normal((6, 4, 32)).astype(np.float32)
-    positions = [0, 1, 2, 50, 51, 1000]
-    x = F.Tensor("seq", "head", "d").variable_from_slice(ctx, x0.shape, x0)
-    w = F.Tensor("seq", "head", "d").from_slice(ctx, x0.shape, w0)
-    pos_t = F.Tensor("seq", dtype="i32").from_slice(ctx, (6,), positions)
-    cos, sin = torch_factors(positions, 32, 10000.0)
-    xt = torch.tensor(x0, requires_grad=True)
-    yt = torch_rope(xt, 0, 2, cos, sin, mode)
-    (yt * torch.tensor(w0)).sum().backward()
-    for source in (F.RopeTheta(positions=positions, theta_base=10000.0),
-                   {"positions": np.array(positions), "theta_base": 10000},
-                   F.RopeTheta(positions=pos_t, theta_base=10000.0)):
-        x.zero_grad()
-
-        def step(x, w, source=source):
-            y = x.rope("seq", "d", source, mode)
-            y.mul(w).sum_all().backward()
-            return y
-
-        y = (F.compile(step) if compiled else step)(x, w)
-        np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-5, atol=2e-5)
-        np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=1e-5, atol=2e-5)
+def test_freq_factors_divide_the_frequencies(ctx):
+    plain = ctx.prepare_rope_table([12], 4, 100.0)
+    half = ctx.prepare_rope_table_factors([24], 4, 100.0, False, [2.0, 2.0])
+    np.testing.assert_allclose(plain.cos, half.cos, atol=1e-6)
+    np.testing.assert_allclose(plain.sin, half.sin, atol=1e-6)
 
 
-def test_positions_tensor_is_a_traced_input(ctx):
-    """Integer positions under compile: new values, same program, never stale."""
-    x0 = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+def test_inv_freqs_f64_table(ctx):
+    inv = np.array([1.0, 0.1, 1e-3])
+    t = ctx.prepare_rope_table_inv_freqs_f64(100000, 3, inv)
+    assert t.feature_dim == 6 and t.positions == 3
+    ang = (np.arange(100000, 100003, dtype=np.float64)[:, None] * inv).astype(np.float32)
+    np.testing.assert_array_equal(t.cos, np.cos(ang.astype(np.float64)).astype(np.float32))
+    np.testing.assert_array_equal(t.sin, np.sin(ang.astype(np.float64)).astype(np.float32))
+    ti = ctx.prepare_rope_table_inv_freqs_f64(100000, 3, inv, inverse=True)
+    np.testing.assert_array_equal(ti.sin, -t.sin)
+
+
+def test_yarn_blend():
+    ctx = F.ExecContext()
+    dim, base, factor, orig = 64, 10000.0, 40.0, 4096
+    plain = base ** (-np.arange(0, dim, 2) / dim)
+    np.testing.assert_allclose(ctx.yarn_blend_inv_freqs_f64(dim, base, 1.0, orig), plain)
+    got = ctx.yarn_blend_inv_freqs_f64(dim, base, factor, orig)
+
+    def corr(rot):
+        return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(corr(32)), 0), min(math.ceil(corr(1)), dim - 1)
+    assert 0 < low < high < dim // 2
+    # fast pairs keep their frequency, slow ones are divided by the factor, a ramp between
+    np.testing.assert_allclose(got[:low + 1], plain[:low + 1])
+    np.testing.assert_allclose(got[high:], plain[high:] / factor)
+    mid = (low + high) // 2
+    t = (mid - low) / (high - low)
+    np.testing.assert_allclose(got[mid], plain[mid] / factor * t + plain[mid] * (1 - t))
+
+
+def test_axis_range():
+    r = F.AxisRange(origin=10, len=4)
+    assert F.AxisRange(len=3).origin == 0
+    assert r.at(0) == 10 and r.at(3) == 13 and r.end() == 14
+    assert r.narrowed(1, 2) == F.AxisRange(origin=11, len=2)
+    assert r.shifted(-10) == F.AxisRange(origin=0, len=4)
+    assert r.rebased(100) == F.AxisRange(origin=100, len=4)
+    assert r.contains(13) and not r.contains(14) and not r.contains(9)
+    out = np.zeros(4, np.int32)
+    r.write_into(out)
+    np.testing.assert_array_equal(out, [10, 11, 12, 13])
+    with pytest.raises(F.IndexOutOfBounds):
+        r.at(4)
+    with pytest.raises(F.IndexOutOfBounds):
+        r.narrowed(3, 2)
+    with pytest.raises(F.InvalidDataLength):
+        r.write_into(np.zeros(3, np.int32))
+    with pytest.raises(F.InvalidShape):
+        F.AxisRange(len=-1)
+    with pytest.raises(TypeError):
+        F.AxisRange(origin=1.5, len=2)
+    with pytest.raises(TypeError):
+        F.AxisRange(0, 2)  # keyword fields only
+
+
+def test_hand_filled_table_is_read_when_the_program_runs(ctx):
+    x0 = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
     x = F.Tensor("seq", "d").from_slice(ctx, x0.shape, x0)
-    P = F.Tensor("seq", dtype="i64")
-    fast = F.compile(lambda x, p: x.rope("seq", "d", F.RopeTheta(positions=p, theta_base=100.0),
-                                         "interleaved"))
-    for start in (0, 17, 400):
-        pos = list(range(start, start + 4))
-        cos, sin = torch_factors(pos, 8, 100.0)
-        want = torch_rope(torch.tensor(x0), 0, 1, cos, sin, "interleaved").numpy()
-        got = fast(x, P.from_slice(ctx, (4,), pos)).numpy()
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
-    assert len(fast._cache) == 1
+    table = F.RopeTable(np.ones((2, 2)), np.zeros((2, 2)), 4)
+    fast = F.compile(lambda x: x.rope("seq", "d", table, "half"))
+    np.testing.assert_array_equal(fast(x).numpy(), x0)
+    table.cos[...] = 0.0
+    table.sin[...] = 1.0
+    np.testing.assert_array_equal(fast(x).numpy(), [[-3, -4, 1, 2], [-7, -8, 5, 6]])
+    np.testing.assert_array_equal(x.rope("seq", "d", table, "half").numpy(),
+                                  fast(x).numpy())
 
 
-def test_table_values_match_torch_factors(ctx):
-    positions = np.arange(0, 300, 7)
-    table = ctx.prepare_rope_table(positions, 64, 10000.0)
-    cos, sin = torch_factors(positions.tolist(), 64, 10000.0)
-    np.testing.assert_allclose(table.cos, cos.numpy(), atol=2e-6)
-    np.testing.assert_allclose(table.sin, sin.numpy(), atol=2e-6)
-    ff = np.linspace(1.0, 8.0, 32)
-    scaled = ctx.prepare_rope_table_factors(positions, 64, 10000.0, False, ff)
-    inv = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)) / \
-        torch.tensor(ff)
-    ang = torch.tensor(positions, dtype=torch.float32)[:, None] * inv.float()[None, :]
-    np.testing.assert_allclose(scaled.cos, torch.cos(ang).numpy(), atol=2e-6)
-    np.testing.assert_allclose(scaled.sin, torch.sin(ang).numpy(), atol=2e-6)
+def test_errors(ctx):
+    x = F.Tensor("seq", "d").zeros(ctx, (3, 8))
+    table = ctx.prepare_rope_table([0, 1, 2], 8, 1e4)
+    with pytest.raises(F.TagError):
+        x.rope("pos", "d", table, "half")
+    with pytest.raises(F.TagError):
+        x.rope("seq", "seq", table, "half")
+    with pytest.raises(F.TagError, match="mode"):
+        x.rope("seq", "d", table, "neox")
+    with pytest.raises(F.ShapeMismatch, match="positions"):
+        x.rope("seq", "d", ctx.prepare_rope_table([0, 1], 8, 1e4), "half")
+    with pytest.raises(F.InvalidShape, match="spans"):
+        x.rope("seq", "d", ctx.prepare_rope_table([0, 1, 2], 10, 1e4), "half")
+    with pytest.raises(F.ShapeMismatch):
+        x.rope("seq", "d", F.RopeTheta(positions=[0, 1], theta_base=1e4), "half")
+    with pytest.raises(F.InvalidShape, match="odd"):
+        F.Tensor("seq", "d").zeros(ctx, (3, 7)).rope(
+            "seq", "d", F.RopeTheta(positions=[0, 1, 2], theta_base=1e4), "half")
+    with pytest.raises(TypeError, match="source"):
+        x.rope("seq", "d", [0, 1, 2], "half")
+    with pytest.raises(TypeError, match="unknown"):
+        x.rope("seq", "d", {"positions": [0, 1, 2], "theta": 1e4}, "half")
+    with pytest.raises(F.InvalidShape):
+        F.RopeTheta(positions=[0], theta_base=0.0)
+    with pytest.raises(F.InvalidDataLength):
+        x.rope("seq", "d", F.RopeTheta(positions=[0.5, 1, 2], theta_base=1e4), "half")
+    with pytest.raises(F.InvalidShape):
+        ctx.prepare_rope_table([0, 1], 7, 1e4)
+    with pytest.raises(F.InvalidDataLength):
+        ctx.prepare_rope_table_factors([0, 1], 8, 1e4, False, [1.0, 2.0])
+    with pytest.raises(TypeError):
+        ctx.prepare_rope_table_range([0, 1], 8, 1e4)
+    with pytest.raises(F.InvalidShape):
+        F.RopeTable(np.ones((2, 3)), np.ones((2, 3)), 8)
+    assert not hasattr(F.Tensor("seq", "d", dtype="i32"), "rope")
+    table.deinit()
+    with pytest.raises(F.Deinitialized):
+        x.rope("seq", "d", table, "half")
+    with pytest.raises(F.Deinitialized):
+        table.deinit()
