@@ -57,27 +57,33 @@ def _key_range(p, KV, causal, window):
 
 @_pjit
 def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b_sk,
-                      has_bias, kvmap, out, scale, S, H, KV, D, off, causal,
-                      window):
+                      has_bias, heads, task_kh, task_c0, task_c1, out, scale, S, H, KV, D,
+                      off, causal, window):
     """Output [S, H, D] then logsumexp [H, S] into the flat ``out``.
 
     Query row ``i`` sits at absolute position ``i + off``; with ``causal`` it
     attends keys ``[max(0, p - window + 1) if window else 0, p]``. ``bias``
     ([S, KV], strides ``b_ss``/``b_sk``) is added to the scaled scores.
 
-    Scores are computed transposed (``S^T = K Q^T``: keys by rows, the block's
-    queries along the contiguous axis), so the running max, the rescale and
-    the denominators are elementwise over the query rows, not reductions, and
-    ``P V`` reads ``P^T`` as its broadcast operand: no tile is ever transposed.
+    The query heads reading one kv head form that kv head's columns (column
+    ``c`` is head ``heads[c // S]``, row ``c % S``); task ``t`` takes columns
+    ``[task_c0[t], task_c1[t])`` of kv head ``task_kh[t]``, so every key block
+    is loaded once for all the heads of a group (a decode step over a GQA
+    cache reads each cached key once). Scores are computed transposed
+    (``S^T = K Q^T``: keys by rows, columns along the contiguous axis), so the
+    running max, the rescale and the denominators are elementwise over the
+    columns, and ``P V`` reads ``P^T`` as its broadcast operand: no tile is
+    ever transposed. Products cover the used columns only (rounded up to the
+    micro-kernel's tile).
     """
     Dv = (D + NR - 1) // NR * NR
-    nqb = (S + BQ - 1) // BQ
     lse_base = S * H * D
-    for t in prange(H * nqb):
-        h = t // nqb
-        i0 = (t - h * nqb) * BQ
-        nq = min(BQ, S - i0)
-        kh = kvmap[h]
+    for t in prange(task_kh.shape[0]):
+        kh = task_kh[t]
+        c0 = task_c0[t]
+        nq = task_c1[t] - c0
+        nn = (nq + NR - 1) // NR * NR  # score columns computed
+        nm = (nq + 3) // 4 * 4  # output rows computed
         QT = np.zeros((D, BQ), np.float32)
         Kb = np.zeros((BK, D), np.float32)
         Vb = np.zeros((BK, Dv), np.float32)
@@ -86,13 +92,20 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
         m = np.full(BQ, _NEG, np.float32)
         mn = np.empty(BQ, np.float32)
         el = np.zeros(BQ, np.float32)
+        row = np.zeros(BQ, np.int64)
+        head = np.zeros(BQ, np.int64)
         lo_r = np.zeros(BQ, np.int32)
-        hi_r = np.zeros(BQ, np.int32)  # padding rows attend nothing
+        hi_r = np.zeros(BQ, np.int32)  # padding columns attend nothing
         for i in range(nq):
-            b = (i0 + i) * q_ss + h * q_sh
+            c = c0 + i
+            h = heads[c // S]
+            r = c % S
+            head[i] = h
+            row[i] = r
+            b = r * q_ss + h * q_sh
             for d in range(D):
                 QT[d, i] = q[_U(b + d)] * scale
-            lo_r[i], hi_r[i] = _key_range(i0 + i + off, KV, causal, window)
+            lo_r[i], hi_r[i] = _key_range(r + off, KV, causal, window)
         jlo = KV
         jhi = 0
         all_lo = 0
@@ -105,46 +118,52 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
         j0 = (jlo // BK) * BK
         while j0 < jhi:
             nk = min(BK, KV - j0)
-            # K and V blocks are copied into contiguous tiles: their rows are a head
-            # stride apart in memory and would collide in the same cache sets.
             kb = j0 * k_ss + kh * k_sh
             vb = j0 * v_ss + kh * v_sh
-            for r in range(nk):
-                ks = kb + r * k_ss
-                vs = vb + r * v_ss
-                for d in range(D):
-                    Kb[r, d] = k[_U(ks + d)]
-                for d in range(D):
-                    Vb[r, d] = v[_U(vs + d)]
-            for r in range(nk, BK):
-                for d in range(D):
-                    Kb[r, d] = 0.0
-                    Vb[r, d] = 0.0
-            gemm(Kb, 0, D, 1, QT, 0, BQ, St, 0, BQ, BK, BQ, D, False)
-            # A block every real row attends in full needs no mask.
-            if has_bias or nq < BQ or nk < BK or j0 < all_lo or j0 + nk > all_hi:
+            # With one column tile (decode steps) each key is read once: the products
+            # read K and V in place. With more, K and V blocks are copied into
+            # contiguous tiles: their rows are a head stride apart and would collide
+            # in the same cache sets on every re-read.
+            direct = nn == NR and nk == BK and Dv == D
+            if direct:
+                gemm(k, kb, k_ss, 1, QT, 0, BQ, St, 0, BQ, BK, nn, D, False)
+            else:
+                for r in range(nk):
+                    ks = kb + r * k_ss
+                    vs = vb + r * v_ss
+                    for d in range(D):
+                        Kb[r, d] = k[_U(ks + d)]
+                    for d in range(D):
+                        Vb[r, d] = v[_U(vs + d)]
+                for r in range(nk, BK):
+                    for d in range(D):
+                        Kb[r, d] = 0.0
+                        Vb[r, d] = 0.0
+                gemm(Kb, 0, D, 1, QT, 0, BQ, St, 0, BQ, BK, nn, D, False)
+            # A block every real column attends in full needs no mask.
+            if has_bias or nq < nn or nk < BK or j0 < all_lo or j0 + nk > all_hi:
                 for j in range(BK):
                     ja = j0 + j
                     if j >= nk:
-                        for i in range(BQ):
+                        for i in range(nn):
                             St[j, i] = _NEG
                         continue
                     if has_bias:
-                        bb = i0 * b_ss + ja * b_sk
+                        bb = ja * b_sk
                         for i in range(nq):
-                            St[j, i] += bias[_U(bb + i * b_ss)]
-                    for i in range(BQ):
+                            St[j, i] += bias[_U(bb + row[i] * b_ss)]
+                    for i in range(nn):
                         ok = (ja >= lo_r[i]) & (ja < hi_r[i])
                         St[j, i] = St[j, i] if ok else _NEG
-            for i in range(BQ):
+            for i in range(nn):
                 mn[i] = m[i]
             for j in range(BK):
-                for i in range(BQ):
+                for i in range(nn):
                     s = St[j, i]
                     mn[i] = s if s > mn[i] else mn[i]
-            for i in range(BQ):
-                # A row that attended nothing yet keeps max -inf; shifting it by 0 keeps
-                # its exps exactly 0 instead of NaN.
+            for i in range(nn):
+                # A column that attended nothing yet keeps max -inf; shifting it by 0
+                # keeps its exps exactly 0 instead of NaN.
                 x = mn[i]
                 x = x if x != _NEG else _F(0.0)
                 a = exp_f32(m[i] - x)
@@ -155,18 +174,47 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
                     for d in range(Dv):
                         acc[i, d] *= a
             for j in range(BK):
-                for i in range(BQ):
+                for i in range(nn):
                     p = exp_f32(St[j, i] - mn[i])
                     el[i] += p
                     St[j, i] = p
-            gemm(St, 0, 1, BQ, Vb, 0, Dv, acc, 0, Dv, BQ, Dv, nk, True)
+            if direct:
+                gemm(St, 0, 1, BQ, v, vb, v_ss, acc, 0, Dv, nm, Dv, nk, True)
+            else:
+                gemm(St, 0, 1, BQ, Vb, 0, Dv, acc, 0, Dv, nm, Dv, nk, True)
             j0 += BK
         for i in range(nq):
-            b = ((i0 + i) * H + h) * D
+            h = head[i]
+            r = row[i]
+            b = (r * H + h) * D
             inv = _F(1.0) / el[i]
             for d in range(D):
                 out[_U(b + d)] = acc[i, d] * inv
-            out[_U(lse_base + h * S + i0 + i)] = m[i] + log_f32(el[i])
+            out[_U(lse_base + h * S + r)] = m[i] + log_f32(el[i])
+
+
+def forward_tasks(kvmap: np.ndarray, kv_heads: int, S: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Query heads grouped by kv head, and the (kv head, column range) of every task.
+
+    Returns ``heads`` (query heads ordered by kv head) and per task its kv head
+    and its columns ``[c0, c1)`` in the group's column space (each group starts
+    at ``S`` times its first head's place in ``heads``).
+    """
+    heads = np.argsort(kvmap, kind="stable").astype(np.int64)
+    counts = np.bincount(kvmap, minlength=kv_heads)
+    t_kh, t_c0, t_c1 = [], [], []
+    first = 0
+    for kh in range(kv_heads):
+        n = int(counts[kh]) * S
+        start = first * S
+        for c in range(0, n, BQ):
+            t_kh.append(kh)
+            t_c0.append(start + c)
+            t_c1.append(start + min(c + BQ, n))
+        first += int(counts[kh])
+    return (heads, np.array(t_kh, np.int64), np.array(t_c0, np.int64),
+            np.array(t_c1, np.int64))
 
 
 @_pjit
@@ -365,9 +413,10 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, kvmap: np.ndarray, scal
     if out is None:
         out = np.empty(n, np.float32)
     off = KV - S if causal else 0
+    heads, t_kh, t_c0, t_c1 = forward_tasks(kvmap, k.shape[1], S)
     attention_forward(qf, q_ss, q_sh, kf, k_ss, k_sh, vf, v_ss, v_sh, bf, b_ss, b_sk,
-                      bias is not None, kvmap, out, np.float32(scale), S, H, KV, D, off,
-                      bool(causal), int(window))
+                      bias is not None, heads, t_kh, t_c0, t_c1, out, np.float32(scale), S, H,
+                      KV, D, off, bool(causal), int(window))
     return out
 
 
