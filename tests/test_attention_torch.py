@@ -48,6 +48,9 @@ CASES = [
     (1, 150, 4, 1, 16, "causal", 0),      # one decode step over a cache
     (65, 129, 2, 2, 5, "bidirectional", 0),
     (90, 90, 4, 2, 12, "causal", 64),     # window equal to a block
+    (1, 1100, 4, 1, 16, "causal", 0),     # few tasks over a long cache: keys split
+    (3, 2100, 2, 2, 8, "causal", 700),    # split keys with a window
+    (2, 1500, 3, 3, 8, "bidirectional", 0),
 ]
 
 
@@ -105,7 +108,7 @@ def test_compiled_equals_eager_and_is_not_stale(ctx):
 
 def test_bias_bidirectional_inference(ctx):
     rng = np.random.default_rng(4)
-    S, KVn, H, KH, D = 40, 90, 2, 2, 16
+    S, KVn, H, KH, D = 6, 1100, 2, 2, 16  # few tasks over many keys: split key ranges
     q0, k0, v0, _ = _data(rng, S, KVn, H, KH, D)
     b0 = rng.standard_normal((S, KVn)).astype(np.float32)
     b0[3, :] = -np.inf  # a row masked out entirely by the bias

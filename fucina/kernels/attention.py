@@ -57,8 +57,8 @@ def _key_range(p, KV, causal, window):
 
 @_pjit
 def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b_sk,
-                      has_bias, heads, task_kh, task_c0, task_c1, out, scale, S, H, KV, D,
-                      off, causal, window):
+                      has_bias, heads, task_kh, task_c0, task_c1, task_k0, task_k1, part,
+                      out, scale, S, H, KV, D, off, causal, window):
     """Output [S, H, D] then logsumexp [H, S] into the flat ``out``.
 
     Query row ``i`` sits at absolute position ``i + off``; with ``causal`` it
@@ -75,13 +75,21 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
     columns, and ``P V`` reads ``P^T`` as its broadcast operand: no tile is
     ever transposed. Products cover the used columns only (rounded up to the
     micro-kernel's tile).
+
+    Task ``t`` reads keys ``[task_k0[t], task_k1[t])``. When a task holds only
+    part of its columns' keys (``part`` is not empty: a long cache split across
+    tasks), it leaves its unnormalized output, running max and denominator in
+    ``part[t]`` for :func:`combine_parts` instead of writing ``out``.
     """
     Dv = (D + NR - 1) // NR * NR
     lse_base = S * H * D
+    split = part.shape[0] > 0
     for t in prange(task_kh.shape[0]):
         kh = task_kh[t]
         c0 = task_c0[t]
         nq = task_c1[t] - c0
+        k0 = task_k0[t]
+        k1 = task_k1[t]
         nn = (nq + NR - 1) // NR * NR  # score columns computed
         nm = (nq + 3) // 4 * 4  # output rows computed
         QT = np.zeros((D, BQ), np.float32)
@@ -105,7 +113,9 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
             b = r * q_ss + h * q_sh
             for d in range(D):
                 QT[d, i] = q[_U(b + d)] * scale
-            lo_r[i], hi_r[i] = _key_range(r + off, KV, causal, window)
+            lo, hi = _key_range(r + off, KV, causal, window)
+            lo_r[i] = max(lo, k0)
+            hi_r[i] = min(hi, k1)
         jlo = KV
         jhi = 0
         all_lo = 0
@@ -183,6 +193,13 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
             else:
                 gemm(St, 0, 1, BQ, Vb, 0, Dv, acc, 0, Dv, nm, Dv, nk, True)
             j0 += BK
+        if split:
+            for i in range(nq):
+                for d in range(D):
+                    part[t, i, d] = acc[i, d]
+                part[t, i, D] = m[i]
+                part[t, i, D + 1] = el[i]
+            continue
         for i in range(nq):
             h = head[i]
             r = row[i]
@@ -215,6 +232,58 @@ def forward_tasks(kvmap: np.ndarray, kv_heads: int, S: int
         first += int(counts[kh])
     return (heads, np.array(t_kh, np.int64), np.array(t_c0, np.int64),
             np.array(t_c1, np.int64))
+
+
+#: Below this many tasks a long key range is split across tasks (flash decoding).
+SPLIT_TASKS = 8
+#: Fewest keys a split task handles.
+SPLIT_MIN_KEYS = 8 * BK
+
+
+def key_splits(tasks: int, kv: int) -> int:
+    """How many key chunks each task's range is cut into (1: none).
+
+    Decided from the shapes alone (never the thread count), so results do not
+    depend on the machine: few tasks over many keys (a decode step over a long
+    cache) become at least ``SPLIT_TASKS`` tasks of at least ``SPLIT_MIN_KEYS``
+    keys each.
+    """
+    if tasks >= SPLIT_TASKS:
+        return 1
+    want = -(-SPLIT_TASKS // tasks)
+    return max(1, min(want, kv // SPLIT_MIN_KEYS))
+
+
+@_pjit
+def combine_parts(part, splits, heads, task_c0, task_c1, out, S, H, D):
+    """Merge the key chunks of each (split) task: rescale by the chunks' maxima, sum,
+    normalize; write the output rows and the logsumexp."""
+    lse_base = S * H * D
+    n = task_c0.shape[0]
+    for t in prange(n):
+        c0 = task_c0[t]
+        for i in range(task_c1[t] - c0):
+            c = c0 + i
+            h = heads[c // S]
+            r = c % S
+            mx = _NEG
+            for s in range(splits):
+                mx = max(mx, part[t * splits + s, i, D])
+            shift = mx if mx != _NEG else _F(0.0)
+            total = _F(0.0)
+            b = (r * H + h) * D
+            for d in range(D):
+                out[_U(b + d)] = 0.0
+            for s in range(splits):
+                u = t * splits + s
+                w = exp_f32(part[u, i, D] - shift)
+                total += w * part[u, i, D + 1]
+                for d in range(D):
+                    out[_U(b + d)] += w * part[u, i, d]
+            inv = _F(1.0) / total
+            for d in range(D):
+                out[_U(b + d)] *= inv
+            out[_U(lse_base + h * S + r)] = mx + log_f32(total)
 
 
 @_pjit
@@ -414,9 +483,24 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, kvmap: np.ndarray, scal
         out = np.empty(n, np.float32)
     off = KV - S if causal else 0
     heads, t_kh, t_c0, t_c1 = forward_tasks(kvmap, k.shape[1], S)
+    splits = key_splits(len(t_kh), KV)
+    if splits == 1:
+        t_k0 = np.zeros(len(t_kh), np.int64)
+        t_k1 = np.full(len(t_kh), KV, np.int64)
+        part = np.zeros((0, 0, 0), np.float32)
+        u_kh, u_c0, u_c1 = t_kh, t_c0, t_c1
+    else:  # every task repeated once per key chunk (chunks of whole blocks)
+        step = -(-KV // splits // BK) * BK
+        edges = np.minimum(np.arange(splits + 1, dtype=np.int64) * step, KV)
+        u_kh, u_c0, u_c1 = (np.repeat(a, splits) for a in (t_kh, t_c0, t_c1))
+        t_k0 = np.tile(edges[:-1], len(t_kh))
+        t_k1 = np.tile(edges[1:], len(t_kh))
+        part = np.empty((len(u_kh), BQ, D + 2), np.float32)
     attention_forward(qf, q_ss, q_sh, kf, k_ss, k_sh, vf, v_ss, v_sh, bf, b_ss, b_sk,
-                      bias is not None, heads, t_kh, t_c0, t_c1, out, np.float32(scale), S, H,
-                      KV, D, off, bool(causal), int(window))
+                      bias is not None, heads, u_kh, u_c0, u_c1, t_k0, t_k1, part, out,
+                      np.float32(scale), S, H, KV, D, off, bool(causal), int(window))
+    if splits > 1:
+        combine_parts(part, splits, heads, t_c0, t_c1, out, S, H, D)
     return out
 
 
