@@ -247,7 +247,7 @@ def _flash_attention_cases(quick: bool) -> list[Case]:
     fwd.compiled = best_time(lambda: fast(q, k, v), mt)
     qv, kv_, vv = (Q.variable_from_slice(ctx, q0.shape, q0), KV.variable_from_slice(
         ctx, k0.shape, k0), KV.variable_from_slice(ctx, v0.shape, v0))
-    w = F.Tensor("seq", "o").from_slice(ctx, (s, heads * d), w0)
+    w = F.Tensor("seq", "o").from_slice(ctx, (s, heads * d), w0.reshape(s, heads * d))
 
     def train(q: Any, k: Any, v: Any, w: Any) -> Any:
         loss = attend(q, k, v).mul(w).sum_all()
