@@ -277,6 +277,37 @@ def _flash_attention_cases(quick: bool) -> list[Case]:
     return [fwd, both]
 
 
+def _rope_case(quick: bool) -> Case:
+    """RoPE (half mode, prepared table) vs torch's rotate_half formulation."""
+    b, s, h, d = (2, 128, 4, 64) if quick else (4, 512, 8, 64)
+    ctx = F.ExecContext()
+    x = F.Tensor("b", "seq", "h", "d").randn(ctx, (b, s, h, d), 12)
+    table = ctx.prepare_rope_table(np.arange(s), d, 10000.0)
+
+    def rope(x: Any) -> Any:
+        return x.rope("seq", "d", table, "half")
+
+    fast = F.compile(rope)
+    c = Case(f"rope half [{b},{s},{h},{d}] (table)")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: rope(x), mt)
+    c.compiled = best_time(lambda: fast(x), mt)
+    if torch is not None:
+        tx = torch.from_numpy(x.numpy())
+        cos = torch.from_numpy(np.concatenate([table.cos, table.cos], -1))[None, :, None, :]
+        sin = torch.from_numpy(np.concatenate([table.sin, table.sin], -1))[None, :, None, :]
+
+        def torch_rope() -> Any:
+            x1, x2 = tx[..., :d // 2], tx[..., d // 2:]
+            return tx * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+        c.torch = best_time(torch_rope, mt)
+        c.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(x).numpy()
+                                                              - torch_rope().numpy())))
+    c.notes["kernels"] = len(fast.kernels(x))
+    return c
+
+
 _ATTN_MEMORY = """
 import resource, sys
 import numpy as np
@@ -382,7 +413,7 @@ def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
              _softmax_case(512 if quick else 4096, 1024, quick), _tiny_case(quick),
              _gemm_trans_b_case(256 if quick else 1024, quick), _attention_case(quick),
              _linear_gelu_case(quick), *_flash_attention_cases(quick),
-             _attention_memory_case(quick)]
+             _attention_memory_case(quick), _rope_case(quick)]
     if cold_warm:
         cases.append(_cold_warm_case())
     return cases

@@ -15,7 +15,7 @@ from fucina import bench
 def test_quick_suite_runs_and_reports(capsys):
     cases = bench.run_suite(quick=True, cold_warm=False)
     names = [c.name for c in cases]
-    assert len(names) == 10
+    assert len(names) == 11
     by_name = {c.name.split(" [")[0].split(" ")[0]: c for c in cases}
     assert by_name["sigmoid(tanh(x*w+1)*x)"].notes["kernels"] == 1
     assert by_name["5-op"].notes["kernels"] == 1
@@ -24,6 +24,8 @@ def test_quick_suite_runs_and_reports(capsys):
     assert "copied=none" in by_name["dot"].notes["gemm"]
     flash = [c for c in cases if c.name.startswith("causal attention fwd ")][0]
     assert "max_abs_err_vs_torch" not in flash.notes or flash.notes["max_abs_err_vs_torch"] < 1e-5
+    rope = [c for c in cases if c.name.startswith("rope")][0]
+    assert "max_abs_err_vs_torch" not in rope.notes or rope.notes["max_abs_err_vs_torch"] < 1e-5
     for c in cases:
         assert c.eager is None or c.eager > 0
         assert "max_abs_err_vs_numpy" not in c.notes or c.notes["max_abs_err_vs_numpy"] < 1e-5
@@ -31,4 +33,4 @@ def test_quick_suite_runs_and_reports(capsys):
     assert "numpy/fast" in text and len(text.splitlines()) == len(cases) + 2
     assert bench.main(["--quick", "--no-cold-warm", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["conditions"]["cpus"] >= 1 and len(out["cases"]) == 10
+    assert out["conditions"]["cpus"] >= 1 and len(out["cases"]) == 11
