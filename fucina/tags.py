@@ -265,18 +265,19 @@ ATTENTION_Q_TAGS: Tags = ("seq", "head", "d")
 ATTENTION_KV_TAGS: Tags = ("seq", "kv_head", "d")
 
 
-def attention_result(q: Sequence[str], k: Sequence[str], v: Sequence[str],
-                     out_tag: str) -> Tags:
-    """``grouped_attention`` result tags ``(seq, out_tag)``; q is exactly (seq, head, d),
-    k and v exactly (seq, kv_head, d)."""
+def attention_result(q: Sequence[str], out_tag: str) -> Tags:
+    """``grouped_attention`` result tags ``(seq, out_tag)``; q is exactly (seq, head, d)."""
     if tuple(q) != ATTENTION_Q_TAGS:
         raise TagError(f"grouped_attention: the query must be tagged {_fmt(ATTENTION_Q_TAGS)}, "
                        f"got {_fmt(q)}")
-    for name, t in (("k", k), ("v", v)):
-        if tuple(t) != ATTENTION_KV_TAGS:
-            raise TagError(f"grouped_attention: {name} must be tagged "
-                           f"{_fmt(ATTENTION_KV_TAGS)}, got {_fmt(t)}")
     return check_tags(("seq", out_tag))
+
+
+def attention_kv(name: str, tags: Sequence[str]) -> None:
+    """Keys and values of ``grouped_attention`` are exactly (seq, kv_head, d)."""
+    if tuple(tags) != ATTENTION_KV_TAGS:
+        raise TagError(f"grouped_attention: {name} must be tagged {_fmt(ATTENTION_KV_TAGS)}, "
+                       f"got {_fmt(tags)}")
 
 
 def rope_axes(tags: Sequence[str], position_tag: str, feature_tag: str) -> tuple[int, int]:

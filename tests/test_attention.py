@@ -74,7 +74,7 @@ def test_tag_errors(ctx):
             ctx, (2, 1, 4)), [0, 0], "o", 1.0)
     with pytest.raises(TypeError):
         q.grouped_attention(k, k, [0, 0], "o", 1.0, causal=True)  # misspelled option
-    with pytest.raises(TypeError, match="'k'"):
+    with pytest.raises(TypeError, match="k must be"):
         q.grouped_attention(np.zeros((2, 1, 4)), k, [0, 0], "o", 1.0)
     assert not hasattr(F.Tensor("seq", "head", "d", dtype="i32"), "grouped_attention")
 
@@ -126,3 +126,109 @@ def test_decode_loop_matches_full_causal(ctx):
         k = KV.from_slice(ctx, (t + 1, KH, D), k0[:t + 1])
         v = KV.from_slice(ctx, (t + 1, KH, D), v0[:t + 1])
         np.testing.assert_allclose(step(q, k, v).numpy(), full[t:t + 1], rtol=1e-5, atol=1e-6)
+
+
+def _q8_0(values):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    raw = quantize(np.asarray(values, np.float32), GGMLQuantizationType.Q8_0)
+    blocks = np.ascontiguousarray(raw).reshape(-1).view(F.BlockQ8_0)
+    return blocks, dequantize(raw, GGMLQuantizationType.Q8_0).reshape(np.shape(values))
+
+
+def test_q8_0_blocks_equal_the_dequantized_tensor_path(ctx):
+    rng = np.random.default_rng(4)
+    S, KVn, H, KH, D = 3, 70, 4, 2, 64
+    q0 = rng.standard_normal((S, H, D)).astype(np.float32)
+    kb, kd = _q8_0(rng.standard_normal((KVn, KH, D)))
+    vb, vd = _q8_0(rng.standard_normal((KVn, KH, D)))
+    q = Q.variable_from_slice(ctx, q0.shape, q0)
+    got = q.grouped_attention(kb, vb, [0, 0, 1, 1], "o", 0.3, kv_seq=KVn, kv_heads=KH,
+                              window=20)
+    want = q.grouped_attention(KV.from_slice(ctx, kd.shape, kd), KV.from_slice(
+        ctx, vd.shape, vd), [0, 0, 1, 1], "o", 0.3, window=20)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    got.sum_all().backward()  # q-gradient only: the cache is a constant
+    g = q.grad().numpy()
+    q.zero_grad()
+    want.sum_all().backward()
+    np.testing.assert_array_equal(g, q.grad().numpy())
+    fast = F.compile(lambda q: q.grouped_attention(kb, vb, [0, 0, 1, 1], "o", 0.3,
+                                                   kv_seq=KVn, kv_heads=KH, window=20))
+    with F.no_grad():
+        np.testing.assert_array_equal(fast(q).numpy(), want.numpy())
+    with pytest.raises(F.InvalidDataLength, match="blocks"):
+        q.grouped_attention(kb[:-1], vb, [0, 0, 1, 1], "o", 0.3, kv_seq=KVn, kv_heads=KH)
+    with pytest.raises(F.TagError, match="kv_seq"):
+        q.grouped_attention(kb, vb, [0, 0, 1, 1], "o", 0.3, kv_heads=KH)
+    with pytest.raises(F.TagError):
+        q.grouped_attention(kb, vb, [0, 0, 1, 1], "o", 0.3, kv_seq=KVn, kv_heads=KH,
+                            mask="bidirectional")
+    with pytest.raises(F.InvalidShape, match="block size"):
+        Q.zeros(ctx, (1, 1, 16)).grouped_attention(kb, vb, [0], "o", 1.0, kv_seq=2,
+                                                   kv_heads=1)
+    with pytest.raises(F.TagError, match="same representation"):
+        q.grouped_attention(kb, KV.from_slice(ctx, vd.shape, vd), [0, 0, 1, 1], "o", 0.3,
+                            kv_seq=KVn, kv_heads=KH)
+
+
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_multi_stream_rows_equal_single_stream_calls(kind, ctx):
+    rng = np.random.default_rng(5)
+    H, KH, D = 4, 2, 32
+    lens = [5, 1, 130]
+    caps = [8, 3, 130]  # a stream's buffer may hold more positions than it uses
+    q0 = rng.standard_normal((len(lens), H, D)).astype(np.float32)
+    ks, vs, kf, vf = [], [], [], []
+    for cap in caps:
+        kk = rng.standard_normal((cap, KH, D)).astype(np.float32)
+        vv = rng.standard_normal((cap, KH, D)).astype(np.float32)
+        if kind == "f16":
+            ks.append(kk.astype(np.float16))
+            vs.append(vv.astype(np.float16))
+            kf.append(kk.astype(np.float16).astype(np.float32))
+            vf.append(vv.astype(np.float16).astype(np.float32))
+        else:
+            (kb, kd), (vb, vd) = _q8_0(kk), _q8_0(vv)
+            ks.append(kb)
+            vs.append(vb)
+            kf.append(kd)
+            vf.append(vd)
+    q = Q.from_slice(ctx, q0.shape, q0)
+    y = q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, lens=lens, kv_heads=KH)
+    assert y.axis_tags == ("seq", "o") and y.shape == (3, H * D)
+    for s, n in enumerate(lens):
+        one = Q.from_slice(ctx, (1, H, D), q0[s:s + 1]).grouped_attention(
+            KV.from_slice(ctx, (n, KH, D), kf[s][:n]), KV.from_slice(ctx, (n, KH, D), vf[s][:n]),
+            [0, 1, 1, 0], "o", 0.2)
+        np.testing.assert_array_equal(y.numpy()[s:s + 1], one.numpy())
+    fast = F.compile(lambda q: q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, lens=lens,
+                                                   kv_heads=KH))
+    np.testing.assert_array_equal(fast(q).numpy(), y.numpy())
+    with pytest.raises(F.UnsupportedGradient):
+        Q.variable_from_slice(ctx, q0.shape, q0).grouped_attention(
+            ks, vs, [0, 1, 1, 0], "o", 0.2, lens=lens, kv_heads=KH)
+    with pytest.raises(F.InvalidDataLength):
+        q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, lens=[5, 4, 130], kv_heads=KH)
+    with pytest.raises(F.ShapeMismatch, match="streams"):
+        q.grouped_attention(ks[:2], vs[:2], [0, 1, 1, 0], "o", 0.2, lens=lens[:2],
+                            kv_heads=KH)
+    with pytest.raises(F.TagError, match="lens"):
+        q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, kv_heads=KH)
+    with pytest.raises(F.TagError):
+        q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, lens=lens, kv_heads=KH, window=2)
+    with pytest.raises(F.InvalidShape):
+        q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, lens=[5, 0, 130], kv_heads=KH)
+    with pytest.raises(TypeError, match="streams"):
+        q.grouped_attention([np.zeros(3)] * 3, vs, [0, 1, 1, 0], "o", 0.2, lens=lens,
+                            kv_heads=KH)
+
+
+def test_tensor_kv_rejects_cache_options(ctx):
+    q = Q.zeros(ctx, (2, 1, 4))
+    k = KV.zeros(ctx, (2, 1, 4))
+    with pytest.raises(F.TagError, match="kv_seq"):
+        q.grouped_attention(k, k, [0], "o", 1.0, kv_seq=2)
+    with pytest.raises(F.TagError):
+        q.grouped_attention(k, k, [0], "o", 1.0, lens=[2, 2])
