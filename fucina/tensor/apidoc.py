@@ -25,7 +25,8 @@ END = "<!-- END GENERATED METHOD REFERENCE -->"
 
 #: op-family modules in reading order; mixins of modules not listed follow, by name.
 _MODULE_ORDER = ("base", "construct", "views", "structural", "math", "unary", "masks",
-                 "reductions", "softmax", "rope", "attention", "losses", "contract",
+                 "reductions", "scans", "softmax", "norms", "rope", "attention", "gated",
+                 "activations", "elemental", "losses", "inplace", "contract", "quantized",
                  "autograd")
 
 

@@ -14,6 +14,7 @@ families shared by all branches and the root :class:`Tensor`.
 from __future__ import annotations
 
 from ..dtypes import DType
+from .activations import ParamActivations
 from .attention import Attention
 from .autograd import Backward, Cast, Detach, GradAccess
 from .base import ItemAccess, Tensor
@@ -27,6 +28,10 @@ from .construct import (
     Wrap,
 )
 from .contract import Dot, Einsum, Matmul
+from .conv import ConvOps
+from .elemental import Elemental
+from .gated import Gated, GatedF32
+from .inplace import InPlace
 from .losses import Losses
 from .masks import MaskOps, Select
 from .math import (
@@ -38,8 +43,11 @@ from .math import (
     Ordering,
     ScalarMath,
 )
+from .norms import Norms, NormsF32
+from .quantized import PackRhs, QuantizedMatmul
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
 from .rope import Rope
+from .scans import Scans
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
 from .unary import UnaryF32, UnaryMath
@@ -60,7 +68,9 @@ __all__ = [
 
 class F32Tensor(
     Attention, Rope,
-    Losses, Softmax, Matmul, Einsum, Dot,
+    QuantizedMatmul, PackRhs,
+    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental, InPlace,
+    ConvOps, Losses, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
     Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
@@ -76,6 +86,8 @@ class F32Tensor(
 
 
 class HalfTensor(
+    PackRhs,
+    Norms, Gated,
     Softmax, Einsum, Dot,
     FloatReductions, HalfSum,
     Select, UnaryMath,
@@ -159,6 +171,7 @@ class F8Tensor(
 
 
 class QuantTensor(
+    PackRhs,
     BlockRows, BlockConstructors,
     Cast, Wrap,
     Concat, Retag,
