@@ -121,7 +121,7 @@ _NN_CONV = (
     "grouped_causal_conv1d max_pool2d prepare_conv2d_weights relpos_shift unfold "
     "upsample2x_nearest"
 )
-_NN_ATTN = "grouped_attention rope"  # attention and RoPE (f32)
+_NN_ATTN = "grouped_attention rope rms_norm_mul_rope_half_prepared"  # attention, RoPE (f32)
 ADDED[B.F32Tensor] |= _names(_NN_HALF, _NN_F32, _NN_CONV, _NN_ATTN)
 ADDED[B.HalfTensor] |= _names(_NN_HALF)
 UNIVERSE = set().union(*OLD.values(), *ADDED.values())

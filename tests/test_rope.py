@@ -192,3 +192,21 @@ def test_errors(ctx):
         x.rope("seq", "d", table, "half")
     with pytest.raises(F.Deinitialized):
         table.deinit()
+
+
+def test_rms_norm_mul_rope_half_prepared_is_norm_then_rope(ctx):
+    x0 = np.array([[3.0, 4.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], np.float32)
+    x = F.Tensor("seq", "d").from_slice(ctx, x0.shape, x0)
+    w = F.Tensor("d").from_slice(ctx, (4,), [1.0, 2.0, 1.0, 1.0])
+    table = F.RopeTable(np.array([[1.0, 1.0], [0.0, 0.0]]), np.array([[0.0, 0.0],
+                                                                      [1.0, 1.0]]), 4)
+    y = x.rms_norm_mul_rope_half_prepared("seq", "d", w, 0.0, table).numpy()
+    r0 = np.sqrt((9 + 16) / 4)  # row 0: identity rotation
+    np.testing.assert_allclose(y[0], [3 / r0, 8 / r0, 0, 0], rtol=1e-6)
+    # row 1: rms 1, weight (1, 2, 1, 1), then a quarter turn: (a, b) -> (-b, a)
+    np.testing.assert_allclose(y[1], [-1, -1, 1, 2], rtol=1e-6)
+    with pytest.raises(TypeError, match="RopeTable"):
+        x.rms_norm_mul_rope_half_prepared("seq", "d", w, 0.0,
+                                          F.RopeTheta(positions=[0, 1], theta_base=10.0))
+    with pytest.raises(F.TagError):
+        x.rms_norm_mul_rope_half_prepared("seq", "seq", w, 0.0, table)

@@ -137,3 +137,30 @@ def test_table_values_match_torch_factors(ctx):
     ang = torch.tensor(positions, dtype=torch.float32)[:, None] * inv.float()[None, :]
     np.testing.assert_allclose(scaled.cos, torch.cos(ang).numpy(), atol=2e-6)
     np.testing.assert_allclose(scaled.sin, torch.sin(ang).numpy(), atol=2e-6)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_rms_norm_mul_rope_half_prepared_matches_torch(compiled, ctx):
+    rng = np.random.default_rng(21)
+    x0 = rng.standard_normal((7, 3, 16)).astype(np.float32)
+    w0 = rng.standard_normal(16).astype(np.float32)
+    g0 = rng.standard_normal((7, 3, 16)).astype(np.float32)
+    table = ctx.prepare_rope_table(np.arange(4, 11), 16, 1e4)
+    x = F.Tensor("seq", "head", "d").variable_from_slice(ctx, x0.shape, x0)
+    w = F.Tensor("d").variable_from_slice(ctx, (16,), w0)
+    g = F.Tensor("seq", "head", "d").from_slice(ctx, g0.shape, g0)
+
+    def step(x, w, g):
+        y = x.rms_norm_mul_rope_half_prepared("seq", "d", w, 1e-5, table)
+        y.mul(g).sum_all().backward()
+        return y
+
+    y = (F.compile(step) if compiled else step)(x, w, g)
+    xt = torch.tensor(x0, requires_grad=True)
+    wt = torch.tensor(w0, requires_grad=True)
+    normed = xt * torch.rsqrt((xt * xt).mean(-1, keepdim=True) + 1e-5) * wt
+    yt = torch_rope(normed, 0, 2, torch.tensor(table.cos), torch.tensor(table.sin), "half")
+    (yt * torch.tensor(g0)).sum().backward()
+    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(w.grad().numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-5)

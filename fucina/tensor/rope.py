@@ -15,7 +15,7 @@ untouched features.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -31,6 +31,8 @@ from .base import Tensor, check_tensor, result, same_ctx
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    from .branches import F32Tensor
 
 ROPE_MODES = ("half", "interleaved", "interleaved_tail")
 
@@ -193,6 +195,19 @@ class Rope(Tensor):
             rot, keep = _narrow(x, fa, 0, span), _narrow(x, fa, span, D - span)
             parts = (_rotate(rot, pa, fa, cos, sin, interleaved), keep)
         return result(self, self.axis_tags, emit("concat", parts, axis=fa))
+
+    def rms_norm_mul_rope_half_prepared(self, position_tag: str, feature_tag: str,
+                                        weight: Tensor, eps: float, table: RopeTable) -> Self:
+        """``rms_norm_mul`` over ``feature_tag`` then half-mode ``rope`` from a prepared
+        table: the per-head QK-norm + RoPE step of attention blocks. Differentiable in
+        ``self`` and ``weight``; compiled, the norm is one row kernel."""
+        if not isinstance(table, RopeTable):
+            raise TypeError(f"rms_norm_mul_rope_half_prepared: table must be a "
+                            f"fucina.RopeTable, got {type(table).__name__}")
+        T.rope_axes(self.axis_tags, position_tag, feature_tag)
+        x = cast("F32Tensor", self)  # Rope is an f32 mixin: the f32 surface is here
+        return cast("Self", x.rms_norm_mul(feature_tag, weight, eps).rope(
+            position_tag, feature_tag, table, "half"))
 
 
 __all__ = ["ROPE_MODES", "Rope"]
