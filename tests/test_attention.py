@@ -232,3 +232,41 @@ def test_tensor_kv_rejects_cache_options(ctx):
         q.grouped_attention(k, k, [0], "o", 1.0, kv_seq=2)
     with pytest.raises(F.TagError):
         q.grouped_attention(k, k, [0], "o", 1.0, lens=[2, 2])
+
+
+@pytest.mark.parametrize("mask,window", [("causal", 0), ("causal", 2), ("bidirectional", 0)])
+def test_gradients_against_finite_differences(mask, window, ctx):
+    """d sum(attention * w) / d(q, k, v) by autograd vs central differences (float64 sums)."""
+    rng = np.random.default_rng(9)
+    S, KVn, H, KH, D = 3, 5, 2, 1, 4
+    arrays = {"q": rng.standard_normal((S, H, D)), "k": rng.standard_normal((KVn, KH, D)),
+              "v": rng.standard_normal((KVn, KH, D))}
+    w = rng.standard_normal((S, H * D))
+
+    def attend(q, k, v):
+        return q.grouped_attention(k, v, [0, 0], "o", 0.7, mask=mask, window=window)
+
+    def value(vals):
+        with F.no_grad():
+            y = attend(Q.from_slice(ctx, (S, H, D), vals["q"]),
+                       KV.from_slice(ctx, (KVn, KH, D), vals["k"]),
+                       KV.from_slice(ctx, (KVn, KH, D), vals["v"])).numpy()
+        return float((y.astype(np.float64) * w).sum())
+
+    q = Q.variable_from_slice(ctx, (S, H, D), arrays["q"])
+    k = KV.variable_from_slice(ctx, (KVn, KH, D), arrays["k"])
+    v = KV.variable_from_slice(ctx, (KVn, KH, D), arrays["v"])
+    attend(q, k, v).mul(F.Tensor("seq", "o").from_slice(ctx, w.shape, w)).sum_all().backward()
+    eps = 1e-3
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        got = t.grad().numpy().reshape(-1)
+        base = arrays[name].astype(np.float32)
+        for i in range(base.size):
+            plus = dict(arrays)
+            minus = dict(arrays)
+            p, m = base.reshape(-1).copy(), base.reshape(-1).copy()
+            p[i] += eps
+            m[i] -= eps
+            plus[name], minus[name] = p.reshape(base.shape), m.reshape(base.shape)
+            fd = (value(plus) - value(minus)) / (2 * eps)
+            assert abs(got[i] - fd) <= 2e-2 * (1 + abs(fd)), (name, i, got[i], fd)
