@@ -51,6 +51,7 @@ from .errors import (
 from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
+from .runtime.rope import AxisRange, RopeTable, RopeTheta
 from .tensor import SliceRange, Tensor, einsum_many
 from .tensor.conv import PreparedConvWeights
 from .tensor.selection import RouterTopKResult, TopKResult
@@ -76,6 +77,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ActiveExecScopeUnsupported",
+    "AxisRange",
     "BLOCK_DTYPES",
     "CacheInfo",
     "Compiled",
@@ -111,6 +113,8 @@ __all__ = [
     "MissingOutputGradient",
     "MutableDataRequiresNoGrad",
     "NoGradientGraph",
+    "RopeTable",
+    "RopeTheta",
     "ShapeMismatch",
     "RouterTopKResult",
     "SliceRange",

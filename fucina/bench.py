@@ -331,6 +331,154 @@ def _tiny_case(quick: bool) -> Case:
     return c
 
 
+def _flash_attention_cases(quick: bool) -> list[Case]:
+    """Causal grouped attention vs torch SDPA: forward, and forward + backward.
+
+    fucina takes the [seq, batch * heads, d] layout (batch folded into the heads by
+    the head map), torch its [batch, heads, seq, d]; both from the same values.
+    """
+    b, h, s, d = (1, 4, 128, 64) if quick else (4, 8, 512, 64)
+    heads = b * h
+    rng = np.random.default_rng(11)
+    q0, k0, v0, w0 = (rng.standard_normal((s, heads, d)).astype(np.float32) for _ in range(4))
+    ctx = F.ExecContext()
+    Q, KV = F.Tensor("seq", "head", "d"), F.Tensor("seq", "kv_head", "d")
+    kvmap = list(range(heads))
+    scale = 1.0 / float(np.sqrt(d))
+    q, k, v = Q.from_slice(ctx, q0.shape, q0), KV.from_slice(ctx, k0.shape, k0), \
+        KV.from_slice(ctx, v0.shape, v0)
+
+    def attend(q: Any, k: Any, v: Any) -> Any:
+        return q.grouped_attention(k, v, kvmap, "o", scale)
+
+    mt = 0.1 if quick else 0.5
+    fwd = Case(f"causal attention fwd b={b} h={h} q=k={s} d={d}")
+    fast = F.compile(attend)
+    fwd.eager = best_time(lambda: attend(q, k, v), mt)
+    fwd.compiled = best_time(lambda: fast(q, k, v), mt)
+    qv, kv_, vv = (Q.variable_from_slice(ctx, q0.shape, q0), KV.variable_from_slice(
+        ctx, k0.shape, k0), KV.variable_from_slice(ctx, v0.shape, v0))
+    w = F.Tensor("seq", "o").from_slice(ctx, (s, heads * d), w0.reshape(s, heads * d))
+
+    def train(q: Any, k: Any, v: Any, w: Any) -> Any:
+        loss = attend(q, k, v).mul(w).sum_all()
+        loss.backward()
+        return loss
+
+    both = Case(f"causal attention fwd+bwd b={b} h={h} q=k={s} d={d}")
+    fast_train = F.compile(train)
+    both.eager = best_time(lambda: train(qv, kv_, vv, w), mt)
+    both.compiled = best_time(lambda: fast_train(qv, kv_, vv, w), mt)
+    if torch is not None:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def bhsd(a: np.ndarray) -> Any:
+            return torch.from_numpy(a).view(s, b, h, d).permute(1, 2, 0, 3).contiguous()
+
+        tq, tk, tv, tw = (bhsd(a) for a in (q0, k0, v0, w0))
+        fwd.torch = best_time(lambda: sdpa(tq, tk, tv, is_causal=True), mt)
+        want = sdpa(tq, tk, tv, is_causal=True).permute(2, 0, 1, 3).reshape(s, -1).numpy()
+        fwd.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(q, k, v).numpy() - want)))
+        gq, gk, gv = (t.clone().requires_grad_() for t in (tq, tk, tv))
+
+        def torch_train() -> None:
+            (sdpa(gq, gk, gv, is_causal=True) * tw).sum().backward()
+
+        both.torch = best_time(torch_train, mt)
+    return [fwd, both]
+
+
+def _rope_case(quick: bool) -> Case:
+    """RoPE (half mode, prepared table) vs torch's rotate_half formulation."""
+    b, s, h, d = (2, 128, 4, 64) if quick else (4, 512, 8, 64)
+    ctx = F.ExecContext()
+    x = F.Tensor("b", "seq", "h", "d").randn(ctx, (b, s, h, d), 12)
+    table = ctx.prepare_rope_table(np.arange(s), d, 10000.0)
+
+    def rope(x: Any) -> Any:
+        return x.rope("seq", "d", table, "half")
+
+    fast = F.compile(rope)
+    c = Case(f"rope half [{b},{s},{h},{d}] (table)")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: rope(x), mt)
+    c.compiled = best_time(lambda: fast(x), mt)
+    if torch is not None:
+        tx = torch.from_numpy(x.numpy())
+        cos = torch.from_numpy(np.concatenate([table.cos, table.cos], -1))[None, :, None, :]
+        sin = torch.from_numpy(np.concatenate([table.sin, table.sin], -1))[None, :, None, :]
+
+        def torch_rope() -> Any:
+            x1, x2 = tx[..., :d // 2], tx[..., d // 2:]
+            return tx * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+        c.torch = best_time(torch_rope, mt)
+        c.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(x).numpy()
+                                                              - torch_rope().numpy())))
+    c.notes["kernels"] = len(fast.kernels(x))
+    return c
+
+
+_ATTN_MEMORY = """
+import resource, sys
+import numpy as np
+impl, b, h, s, kv, d = sys.argv[1], *map(int, sys.argv[2:])
+rng = np.random.default_rng(0)
+q0 = rng.standard_normal((s, b * h, d)).astype(np.float32)
+k0 = rng.standard_normal((kv, b * h, d)).astype(np.float32)
+v0 = rng.standard_normal((kv, b * h, d)).astype(np.float32)
+
+def vm(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+if impl == "fucina":
+    import fucina as F
+    ctx = F.ExecContext()
+    Q, KV = F.Tensor("seq", "head", "d"), F.Tensor("seq", "kv_head", "d")
+    args = [(Q.from_slice(ctx, a.shape, a) if n == 0 else KV.from_slice(ctx, a.shape, a))
+            for n, a in enumerate((q0, k0, v0))]
+    small = [Q.from_slice(ctx, (4, b * h, d), q0[:4]), KV.from_slice(ctx, (8, b * h, d), k0[:8]),
+             KV.from_slice(ctx, (8, b * h, d), v0[:8])]
+    fn = lambda q, k, v: q.grouped_attention(k, v, list(range(b * h)), "o", 0.125,
+                                             mask="bidirectional")
+else:
+    import torch
+    torch.set_num_threads(2)
+    def bhsd(a):
+        return torch.from_numpy(a).view(a.shape[0], b, h, d).permute(1, 2, 0, 3).contiguous()
+    args = [bhsd(a) for a in (q0, k0, v0)]
+    small = [bhsd(q0[:4]), bhsd(k0[:8]), bhsd(v0[:8])]
+    fn = torch.nn.functional.scaled_dot_product_attention
+del q0, k0, v0
+fn(*small)  # kernels compiled / loaded before the measurement
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak resident set to the current one
+before = vm("VmRSS")
+out = fn(*args)
+print(vm("VmHWM") - before)
+"""
+
+
+def _attention_memory_case(quick: bool) -> Case:
+    """Peak resident memory one attention forward adds (bidirectional, long kv), per
+    implementation, each in a fresh process (Linux: /proc peak-RSS reset)."""
+    b, h, s, kv, d = (1, 4, 64, 1024, 64) if quick else (4, 8, 512, 4096, 64)
+    c = Case(f"attention fwd peak memory b={b} h={h} q={s} k={kv} d={d}")
+    if not os.path.exists("/proc/self/clear_refs"):
+        c.notes["skipped"] = "needs Linux /proc"
+        return c
+    impls = ["fucina"] + (["torch"] if torch is not None else [])
+    for impl in impls:
+        out = subprocess.run([sys.executable, "-c", _ATTN_MEMORY, impl, str(b), str(h), str(s),
+                              str(kv), str(d)], check=True, capture_output=True, text=True)
+        c.notes[f"{impl}_peak_MiB"] = int(out.stdout.strip().splitlines()[-1]) / 2**20
+    c.notes["output_MiB"] = b * h * s * d * 4 / 2**20
+    c.notes["scores_would_be_MiB"] = b * h * s * kv * 4 / 2**20
+    return c
+
+
 _FIRST_RESULT = """
 import time
 import numpy as np
@@ -425,7 +573,8 @@ def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
     cases = [_chain_case(n, quick), _five_op_case(quick),
              _softmax_case(512 if quick else 4096, 1024, quick), _tiny_case(quick),
              _gemm_trans_b_case(256 if quick else 1024, quick), _attention_case(quick),
-             _linear_gelu_case(quick), _conv2d_case(quick)]
+             _linear_gelu_case(quick), _conv2d_case(quick), *_flash_attention_cases(quick),
+             _attention_memory_case(quick), _rope_case(quick)]
     cases += run_quant_suite(quick)
     rows = 512 if quick else 8192
     cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,

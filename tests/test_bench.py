@@ -23,6 +23,10 @@ def test_quick_suite_runs_and_reports(capsys):
     assert by_name["row"].notes["kernels"] == 1
     assert by_name["linear+bias+gelu"].notes["kernels"] == 1
     assert "copied=none" in by_name["dot"].notes["gemm"]
+    flash = [c for c in cases if c.name.startswith("causal attention fwd ")][0]
+    assert "max_abs_err_vs_torch" not in flash.notes or flash.notes["max_abs_err_vs_torch"] < 1e-5
+    rope = [c for c in cases if c.name.startswith("rope")][0]
+    assert "max_abs_err_vs_torch" not in rope.notes or rope.notes["max_abs_err_vs_torch"] < 1e-5
     quant = [c for c in cases if c.name.startswith(("GEMV", "GEMM"))]
     assert [c.name.split()[-1] for c in quant] == ["q8_0", "q4_1", "q4_k", "q4_k"]
     for c in quant:  # the quantized weight moves fewer bytes than its f32 form

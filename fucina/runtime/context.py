@@ -178,3 +178,69 @@ class ExecContext:
     def scalar_typed(self, dtype: Any, value: Any) -> RawTensor:
         """Single-element raw tensor of ``dtype``."""
         return self.full_typed(dtype, (1,), value)
+
+    # -- RoPE tables (fucina.runtime.rope) ------------------------------------------
+
+    def prepare_rope_table(self, positions: Any, feature_dim: int, theta_base: float,
+                           inverse: bool = False) -> Any:
+        """A ``fucina.RopeTable`` for ``positions`` (sequence, numpy ints or integer tensor):
+        pair ``i`` at position ``p`` turns by ``p * theta_base**(-2i/feature_dim)``
+        (negated when ``inverse``)."""
+        from . import rope
+
+        return rope.prepare(_host(positions), feature_dim, theta_base, inverse)
+
+    def prepare_rope_table_factors(self, positions: Any, feature_dim: int, theta_base: float,
+                                   inverse: bool, freq_factors: Any) -> Any:
+        """``prepare_rope_table`` with each pair's frequency divided by ``freq_factors[i]``
+        (ggml ``rope_ext`` scaling: Llama-3 long context, Gemma global layers)."""
+        from . import rope
+
+        return rope.prepare(_host(positions), feature_dim, theta_base, inverse, freq_factors)
+
+    def prepare_rope_table_range(self, range: Any, feature_dim: int, theta_base: float,
+                                 inverse: bool = False) -> Any:
+        """``prepare_rope_table`` over the positions of a ``fucina.AxisRange``
+        (bitwise identical to the same run given as an array)."""
+        from . import rope
+
+        return rope.prepare(_range(range), feature_dim, theta_base, inverse)
+
+    def prepare_rope_table_factors_range(self, range: Any, feature_dim: int,
+                                         theta_base: float, inverse: bool,
+                                         freq_factors: Any) -> Any:
+        """``prepare_rope_table_factors`` over the positions of a ``fucina.AxisRange``."""
+        from . import rope
+
+        return rope.prepare(_range(range), feature_dim, theta_base, inverse, freq_factors)
+
+    def prepare_rope_table_inv_freqs_f64(self, pos0: int, count: int, inv_freq: Any,
+                                         inverse: bool = False) -> Any:
+        """A table for positions ``pos0 .. pos0 + count`` from per-pair f64 inverse
+        frequencies (angles accumulated in f64, rounded once to f32)."""
+        from . import rope
+
+        return rope.prepare_inv_freqs_f64(pos0, count, inv_freq, inverse)
+
+    def yarn_blend_inv_freqs_f64(self, dim: int, base: float, factor: float,
+                                 orig_ctx: int) -> np.ndarray:
+        """DeepSeek-family YaRN inverse frequencies (f64, ``dim / 2`` pairs); feed them to
+        ``prepare_rope_table_inv_freqs_f64``."""
+        from . import rope
+
+        return rope.yarn_blend_inv_freqs_f64(dim, base, factor, orig_ctx)
+
+
+def _host(positions: Any) -> Any:
+    """Positions given as a fucina tensor are read on the host (tables are host data)."""
+    if hasattr(positions, "_node_") and hasattr(positions, "numpy"):
+        return positions.numpy()
+    return positions
+
+
+def _range(r: Any) -> Any:
+    from .rope import AxisRange
+
+    if not isinstance(r, AxisRange):
+        raise TypeError(f"range must be a fucina.AxisRange, got {type(r).__name__}")
+    return r
