@@ -110,3 +110,16 @@ def test_synthetic_matches_torch(tmp_path: Path) -> None:
     sents = ["the cat sat on the mat.", "hello", "a big red dog ran far, far, far"]
     np.testing.assert_allclose(bert.load(tmp_path).encode(sents), torch_embed(tmp_path, sents),
                                atol=1e-5)
+
+
+def test_bench_torch_baseline_matches_fucina(tmp_path: Path) -> None:
+    # the benchmark's torch comparison computes the same embeddings, both paddings
+    from fucina.bench_bert import CORPUS, TorchBert
+
+    assert len(CORPUS) == len(set(CORPUS)) == 64
+    write_model(tmp_path, seed=9)
+    sents = ["the cat sat on the mat.", "hello", "a big red dog ran far, far, far", "dogs"]
+    want = bert.load(tmp_path).encode(sents, batch_size=2)
+    tb = TorchBert(tmp_path)
+    np.testing.assert_allclose(tb.encode(sents, batch_size=2), want, atol=1e-5)
+    np.testing.assert_allclose(tb.encode(sents, batch_size=2, pad_to=32), want, atol=1e-5)
