@@ -567,8 +567,8 @@ def run_quant_suite(quick: bool = False) -> list[Case]:
         _qmatmul_case("q4_k", 32, 4096, 4096, False)]
 
 
-def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
-    """Run the standard suite and return its rows."""
+def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False) -> list[Case]:
+    """Run the standard suite and return its rows (``models``: the real-model rows too)."""
     n = 1 << 18 if quick else 1 << 22
     cases = [_chain_case(n, quick), _five_op_case(quick),
              _softmax_case(512 if quick else 4096, 1024, quick), _tiny_case(quick),
@@ -582,6 +582,10 @@ def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
     cases.append(_cross_entropy_case(quick))
     if cold_warm:
         cases.append(_cold_warm_case())
+    if models:
+        from .bench_bert import minilm_case
+
+        cases.append(minilm_case(Case))
     return cases
 
 
@@ -632,8 +636,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller sizes and shorter timing")
     p.add_argument("--no-cold-warm", action="store_true", help="skip the new-process case")
+    p.add_argument("--no-models", action="store_true",
+                   help="skip the real-model rows (MiniLM; --quick skips them too)")
+    p.add_argument("--models-only", action="store_true", help="run only the real-model rows")
     args = p.parse_args(argv)
-    cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm)
+    if args.models_only:
+        from .bench_bert import minilm_case
+
+        cases = [minilm_case(Case)]
+    else:
+        cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
+                          models=not (args.no_models or args.quick))
     if args.json:
         print(json.dumps({"conditions": conditions(), "cases": [asdict(c) for c in cases]},
                          indent=2))

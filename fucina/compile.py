@@ -139,7 +139,9 @@ class _Tracer:
         # Per input: ("arg", k) tensor argument k, ("slot", k) capture slot k (read through
         # its path at call time), ("pinned", node) a tensor only this trace can reach.
         self.bindings: list[tuple[str, Any]] = []
-        self._lifted: dict[int, Node] = {}
+        # id -> (node, lifted): holding the node keeps its id from being reused by a
+        # later temporary (a view made while tracing), which would hit a stale entry
+        self._lifted: dict[int, tuple[Node, Node]] = {}
         self.read_slots: set[int] = set()
 
     def record(self, node: Node) -> None:
@@ -159,7 +161,7 @@ class _Tracer:
     def lift(self, node: Node) -> Node:
         hit = self._lifted.get(id(node))
         if hit is not None:
-            return hit
+            return hit[1]
         slot = self.caps.slot_of(node)
         if slot is not None:
             out = self.add_input(node.value, node.tags, node.requires_grad and is_grad_enabled(),
@@ -171,7 +173,7 @@ class _Tracer:
         else:
             out = self.add_input(node.value, node.tags, node.requires_grad and is_grad_enabled(),
                                  ("pinned", node))
-        self._lifted[id(node)] = out
+        self._lifted[id(node)] = (node, out)
         return out
 
     def read(self, raw: RawTensor) -> None:
