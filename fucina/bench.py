@@ -1,10 +1,15 @@
 """The benchmark harness: ``python -m fucina.bench`` (``--json`` for machines).
 
 Runs a standard suite side by side in one process (fucina eager, fucina
-compiled, numpy and, when importable, torch eager) and prints each case's
-best time and the ratios against fucina compiled. Times are the minimum over
-repeats of the mean over a batch of calls; the machine is shared and noisy,
-so compare ratios from one run rather than absolute times across runs.
+compiled, numpy and, when importable, torch eager) and prints a header (CPU,
+ISA, threading layer, BLAS core, versions), each case's best time with the
+min/median/max over repeats, and the ratios against fucina compiled. Progress
+goes to stderr as cases run. Every run is saved as JSON (by default under
+``bench-results/<timestamp>.json``; ``--out`` picks the file) with, when
+matplotlib is installed (the ``plot`` extra), a PNG of the ratios beside it;
+``--compare A B`` compares two saved runs. Times are the minimum over repeats
+of the mean over a batch of calls; the machine may be shared and noisy, so
+compare ratios from one run rather than absolute times across runs.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,6 +26,7 @@ import time
 import timeit
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +37,13 @@ try:  # torch is an optional comparison point
     import torch
 except ImportError:  # pragma: no cover - depends on the machine
     torch = None  # type: ignore[assignment]
+
+
+IMPLS = ("eager", "compiled", "numpy", "torch")
+#: Where runs are saved unless ``--out`` says otherwise (kept out of git).
+RESULTS_DIR = Path("bench-results")
+#: Progress lines go to stderr while this is set (the command line sets it).
+PROGRESS: list[bool] = [False]
 
 
 @dataclass
@@ -43,9 +57,41 @@ class Case:
     torch: float | None = None
     notes: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Every row names its Case before timing it: the natural progress point.
+        if PROGRESS[0]:
+            print(f"[bench] {time.strftime('%H:%M:%S')} {self.name} ...", file=sys.stderr,
+                  flush=True)
 
-def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) -> float:
-    """Minimum over ``repeats`` of the mean time per call (seconds)."""
+    def spread(self) -> dict[str, dict[str, float]]:
+        """min/median/max seconds per call for each implementation timed by best_time."""
+        return {k: {"min": float(v), "median": v.median, "max": v.max}
+                for k in IMPLS if isinstance(v := getattr(self, k), Timing)}
+
+
+class Timing(float):
+    """Seconds per call (the minimum over repeats) that also carries the median and max."""
+
+    median: float
+    max: float
+
+    def __new__(cls, samples: list[float]) -> Timing:
+        t = super().__new__(cls, min(samples))
+        t.median = statistics.median(samples)
+        t.max = max(samples)
+        return t
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copies (dataclasses.asdict) keep the spread
+        return (_timing, (float(self), self.median, self.max))
+
+
+def _timing(lo: float, med: float, hi: float) -> Timing:
+    return Timing([lo, med, hi])
+
+
+def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) -> Timing:
+    """Minimum over ``repeats`` of the mean time per call (seconds), with the median
+    and maximum of the repeats attached (:class:`Timing`)."""
     fn()
     t = timeit.Timer(fn)
     n, elapsed = 1, 0.0
@@ -54,7 +100,7 @@ def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) ->
         if elapsed >= min_time / repeats or n >= 1 << 20:
             break
         n *= 2 if elapsed == 0 else max(2, int(min_time / repeats / max(elapsed, 1e-9)))
-    return min(t.repeat(repeats, n)) / n
+    return Timing([r / n for r in t.repeat(repeats, n)])
 
 
 def _chain_case(n: int, quick: bool) -> Case:
@@ -616,43 +662,231 @@ def table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+              "avx512_vnni", "avx512_bf16", "amx_tile", "neon", "asimd", "sve")
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo, else the platform's processor string)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def isa_flags() -> list[str]:
+    """The vector ISA extensions of this CPU that matter for kernels (as LLVM sees them)."""
+    import llvmlite.binding as llvm
+
+    feats = llvm.get_host_cpu_features()
+    have = {k.replace("-", "_") for k, on in feats.items() if on}
+    names = {"sse4.2": "sse4_2", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
+             "amx-tile": "amx_tile"}
+    have |= {v for k, v in names.items() if feats.get(k)}
+    return [f for f in _ISA_FLAGS if f in have]
+
+
+def blas_core() -> str:
+    """The BLAS numpy calls (library, kernel core, threads) via threadpoolctl if installed."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        cfg = getattr(np, "show_config", None)
+        return "unknown (install threadpoolctl)" if cfg is None else _numpy_blas_name()
+    parts = [f"{i.get('internal_api')} {i.get('version') or ''} core={i.get('architecture')} "
+             f"threads={i.get('num_threads')}".replace("  ", " ")
+             for i in threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join(parts) or "none found"
+
+
+def _numpy_blas_name() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # type: ignore[call-arg]
+        return f"{blas.get('name')} {blas.get('version')} (core unknown: no threadpoolctl)"
+    except Exception:  # numpy < 1.26 has no dict mode
+        return "unknown (install threadpoolctl)"
+
+
 def conditions() -> dict[str, Any]:
     """The machine and library versions a run was made under."""
     import numba
 
     info = {"python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
+            "cpu": cpu_model(), "isa": " ".join(isa_flags()), "cpus": os.cpu_count(),
+            "load_avg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+            "numpy": np.__version__, "numba": numba.__version__,
             "fucina": F.__version__, "threading_layer": F.internal.threading_layer(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "blas": blas_core(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
     return info
 
 
+def header(cond: dict[str, Any]) -> str:
+    """The lines printed above the table: machine, ISA, threading, BLAS, versions."""
+    versions = ", ".join(f"{k} {cond[k]}" for k in ("fucina", "numpy", "numba", "torch",
+                                                     "python") if k in cond)
+    return "\n".join([
+        f"fucina benchmark suite, {cond['date']}",
+        f"CPU: {cond['cpu']} ({cond['machine']}, {cond['cpus']} logical CPUs, "
+        f"load {cond['load_avg']})",
+        f"ISA: {cond['isa'] or 'baseline'}",
+        f"threading: numba {cond['threading_layer']}"
+        + (f", torch threads {cond['torch_threads']}" if "torch_threads" in cond else ""),
+        f"BLAS: {cond['blas']}",
+        f"versions: {versions}"])
+
+
+def spread_table(cases: list[Case]) -> str:
+    """min / median / max per call for every timed implementation of every row."""
+    lines = [f"{'case':44} {'impl':>9} {'min':>11} {'median':>11} {'max':>11}"]
+    for c in cases:
+        for impl, st in c.spread().items():
+            lines.append(f"{c.name:44} {impl:>9} {_fmt(st['min']):>11} "
+                         f"{_fmt(st['median']):>11} {_fmt(st['max']):>11}")
+    return "\n".join(lines)
+
+
+def to_json(cases: list[Case], cond: dict[str, Any]) -> dict[str, Any]:
+    """The saved form of a run: conditions, and per row the times and their spread."""
+    rows = []
+    for c in cases:
+        row = asdict(c)
+        for k in IMPLS:  # plain floats in the JSON
+            row[k] = None if row[k] is None else float(row[k])
+        row["spread"] = c.spread()
+        rows.append(row)
+    return {"conditions": cond, "cases": rows}
+
+
+def save(doc: dict[str, Any], out: Path | None) -> Path:
+    """Write a run's JSON (default ``bench-results/<timestamp>.json``); returns the path."""
+    if out is None:
+        out = RESULTS_DIR / (time.strftime("%Y%m%d-%H%M%S") + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2))
+    return out
+
+
+def ratios(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per row, each other implementation's time over fucina's (compiled, else eager)."""
+    res: dict[str, dict[str, float]] = {}
+    for c in doc["cases"]:
+        ref_key = "compiled" if c["compiled"] is not None else "eager"
+        if c[ref_key]:
+            res[c["name"]] = {k: c[k] / c[ref_key] for k in IMPLS
+                              if k != ref_key and k != "compiled" and c[k] is not None}
+    return res
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, dict[str, dict[str, float]]]:
+    """Table of run B's time over run A's per row and implementation (< 1: B is faster)."""
+    rows_a = {c["name"]: c for c in a["cases"]}
+    out: dict[str, dict[str, float]] = {}
+    head = f"{'case':44} " + " ".join(f"{k + ' B/A':>13}" for k in IMPLS)
+    lines = [f"A: {a['conditions'].get('date')} {a['conditions'].get('cpu')}",
+             f"B: {b['conditions'].get('date')} {b['conditions'].get('cpu')}", head,
+             "-" * len(head)]
+    for cb in b["cases"]:
+        ca = rows_a.get(cb["name"])
+        if ca is None:
+            continue
+        r = {k: cb[k] / ca[k] for k in IMPLS if cb.get(k) and ca.get(k)}
+        out[cb["name"]] = r
+        lines.append(f"{cb['name']:44} " + " ".join(
+            f"{r[k]:12.2f}x" if k in r else f"{'-':>13}" for k in IMPLS))
+    missing = sorted(set(rows_a) - {c["name"] for c in b["cases"]})
+    if missing:
+        lines.append("only in A: " + ", ".join(missing))
+    return "\n".join(lines), out
+
+
+def plot(data: dict[str, dict[str, float]], path: Path, title: str) -> Path | None:
+    """A horizontal bar chart of ``data`` (row -> series -> ratio) as a PNG, or None
+    without matplotlib (``pip install fucina[plot]``)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(data)
+    series = sorted({k for r in data.values() for k in r})
+    fig, ax = plt.subplots(figsize=(10, 0.35 * max(len(names), 4) + 1.5))
+    height = 0.8 / max(len(series), 1)
+    for j, s in enumerate(series):
+        ys = [i + j * height for i in range(len(names))]
+        ax.barh(ys, [data[n].get(s, 0.0) for n in names], height, label=s)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names, fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("ratio (log scale)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m fucina.bench``."""
-    p = argparse.ArgumentParser(prog="python -m fucina.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m fucina.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller sizes and shorter timing")
     p.add_argument("--no-cold-warm", action="store_true", help="skip the new-process case")
     p.add_argument("--no-models", action="store_true",
                    help="skip the real-model rows (MiniLM; --quick skips them too)")
     p.add_argument("--models-only", action="store_true", help="run only the real-model rows")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where to save the run's JSON (default bench-results/<timestamp>.json)")
+    p.add_argument("--no-save", action="store_true", help="do not save the run")
+    p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
+                   help="compare two saved runs (B's time over A's) instead of running")
     args = p.parse_args(argv)
-    if args.models_only:
-        from .bench_bert import minilm_case
+    if args.compare:
+        a, b = (json.loads(f.read_text()) for f in args.compare)
+        text, data = compare(a, b)
+        print(text)
+        png = plot(data, args.compare[1].with_suffix(".compare.png"),
+                   f"time B/A: {args.compare[1].name} over {args.compare[0].name}")
+        if png is not None:
+            print(f"plot: {png}", file=sys.stderr)
+        return 0
+    cond = conditions()
+    if not args.json:
+        print(header(cond), flush=True)
+    PROGRESS[0] = True
+    try:
+        if args.models_only:
+            from .bench_bert import minilm_case
 
-        cases = [minilm_case(Case)]
-    else:
-        cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
-                          models=not (args.no_models or args.quick))
+            cases = [minilm_case(Case)]
+        else:
+            cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
+                              models=not (args.no_models or args.quick))
+    finally:
+        PROGRESS[0] = False
+    doc = to_json(cases, cond)
     if args.json:
-        print(json.dumps({"conditions": conditions(), "cases": [asdict(c) for c in cases]},
-                         indent=2))
+        print(json.dumps(doc, indent=2))
     else:
-        print("fucina benchmark suite; " + ", ".join(f"{k}={v}" for k, v in conditions().items()))
         print(table(cases))
+        print()
+        print(spread_table(cases))
+    if not args.no_save:
+        path = save(doc, args.out)
+        print(f"saved: {path}", file=sys.stderr)
+        png = plot(ratios(doc), path.with_suffix(".png"),
+                   "time of each implementation over fucina's (> 1: fucina is faster)")
+        if png is not None:
+            print(f"plot: {png}", file=sys.stderr)
     return 0
 
 
