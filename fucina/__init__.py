@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import internal, rng
+from . import internal, optim, rng
+from .autograd_tools import (
+    GradcheckResult,
+    checkpoint,
+    checkpoint_with_context,
+    custom_vjp,
+    gradcheck,
+)
 from .blocks import *  # noqa: F403 - GGML block dtypes and block-size constants
 from .blocks import BLOCK_DTYPES, BLOCK_SIZES
 from .compile import Compiled, compile  # noqa: A004 - fucina.compile is the public name
 from .dtypes import DType
 from .errors import (
+    CheckpointMissingInputGradient,
+    CheckpointOutputNotDifferentiable,
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
@@ -22,10 +31,15 @@ from .errors import (
     GradientCastUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
+    InvalidGradcheckOptions,
     InvalidShape,
+    MissingAnalyticalGradient,
+    MissingBackwardGradient,
     MissingOutputGradient,
     MutableDataRequiresNoGrad,
+    NestedCheckpointRecompute,
     NoGradientGraph,
+    NoVariableInputs,
     ShapeMismatch,
     TagError,
     TensorError,
@@ -54,6 +68,19 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BLOCK_DTYPES",
+    "CheckpointMissingInputGradient",
+    "CheckpointOutputNotDifferentiable",
+    "GradcheckResult",
+    "InvalidGradcheckOptions",
+    "MissingAnalyticalGradient",
+    "MissingBackwardGradient",
+    "NestedCheckpointRecompute",
+    "NoVariableInputs",
+    "checkpoint",
+    "checkpoint_with_context",
+    "custom_vjp",
+    "gradcheck",
+    "optim",
     "CacheInfo",
     "Compiled",
     "compile",
