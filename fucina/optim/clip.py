@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..runtime.gradmode import no_grad
-from .inplace import assign
+from .inplace import assign, refuse_trace
 from .optimizer import _is_tensor, iter_params
 
 
@@ -19,6 +19,7 @@ def clip_grad_norm(params: Iterable[Any] | Any, max_norm: float) -> float:
     multiplied by that factor in place (torch's rule). Returns the total norm
     before clipping, as a float (0.0 when no parameter has a gradient).
     """
+    refuse_trace("clip_grad_norm()")
     ps = iter_params(params)
     for k, p in enumerate(ps):
         if not _is_tensor(p):

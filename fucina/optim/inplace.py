@@ -5,7 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ContextMismatch, TagError
+from ..ir.execute import current_tracer
 from ..ir.inplace import assign as _assign
+
+
+def refuse_trace(what: str) -> None:
+    """Raise when ``what`` (an in-place update) is called while fucina.compile traces.
+
+    Such updates write through ``assign`` and read gradients the traced
+    backward has not delivered yet; this build runs them outside compiled
+    functions only, and says so instead of doing nothing.
+    """
+    if current_tracer() is not None:
+        raise TypeError(
+            f"{what} inside fucina.compile: in-place updates (the assign primitive) cannot be "
+            "traced in this build; call it after the compiled function returns")
 
 
 def assign(target: Any, value: Any) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from ..dtypes import DType
 from ..runtime.gradmode import no_grad
 from ..tensor import Tensor
-from .inplace import assign
+from .inplace import assign, refuse_trace
 
 _MISSING = object()
 
@@ -116,6 +116,7 @@ class Optimizer(abc.ABC):
 
     def step(self) -> None:
         """Update every parameter that has a gradient (torch skips the others too)."""
+        refuse_trace(f"{type(self).__name__}.step()")
         with no_grad():
             for group in self.param_groups:
                 for p in group["params"]:
@@ -129,6 +130,7 @@ class Optimizer(abc.ABC):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every parameter's gradient (``set_to_none=False``: zero it in place)."""
+        refuse_trace(f"{type(self).__name__}.zero_grad()")
         for p in self._params():
             if set_to_none:
                 p.zero_grad()
