@@ -1,8 +1,10 @@
 """Train a small MLP on two interleaved spirals with named axes and a compiled step.
 
 Run with ``python examples/train_mlp.py``. The training step (forward, loss,
-backward) is one ``fucina.compile``d program; the SGD update runs eagerly
-under ``no_grad`` on the variables' storage.
+backward) is one ``fucina.compile``d program; ``fucina.optim.SGD`` then
+updates the variables in place, so the program reads the new values on its
+next call. (``examples/spirals.py`` is the fuller version: minibatches, Adam,
+a schedule and a plot.)
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def forward(m: Model, x: Batch) -> F.Tensor("batch", "class"):
 
 
 def train(steps: int = 2000, n: int = 512, lr: float = 0.5, verbose: bool = True) -> list[float]:
-    """Full-batch gradient descent; returns the loss after every step."""
+    """Full-batch gradient descent (fucina.optim.SGD); returns the loss after every step."""
     ctx = F.ExecContext()
     pts, labels = spirals(n)
     x = Batch.from_slice(ctx, pts.shape, pts)
@@ -68,14 +70,12 @@ def train(steps: int = 2000, n: int = 512, lr: float = 0.5, verbose: bool = True
         return loss
 
     fast = F.compile(step)
+    opt = F.optim.SGD(m.params(), lr=lr)
     losses = []
     for k in range(steps):
-        for p in m.params():
-            p.zero_grad()
+        opt.zero_grad()
         losses.append(fast(x, y).item())
-        with F.no_grad():
-            for p in m.params():
-                p.as_raw_tensor().array()[...] -= lr * p.grad().numpy()
+        opt.step()
         if verbose and (k % 250 == 0 or k == steps - 1):
             print(f"step {k:4d}  loss {losses[-1]:.4f}")
     with F.no_grad():
