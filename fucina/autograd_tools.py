@@ -83,7 +83,7 @@ def _alias(node: Node) -> Node:
         return emit("view", (node,), shape=node.shape, coeffs=coeffs, base=(0,) * r)
 
 
-def _wrap(cls: type, node: Node, ctx: Any, *, op_result: bool = False) -> Any:
+def _wrap(cls: Any, node: Node, ctx: Any, *, op_result: bool = False) -> Any:
     node.tags = cls.axis_tags
     return cls._from_node(node, ctx, op_result=op_result)
 
@@ -139,7 +139,7 @@ def custom_vjp(Spec: Any, extra: Any, inputs: Sequence[Any]) -> Any:
     return _wrap(out_type, node, ctx, op_result=True)
 
 
-def _check_grads(name: str, got: Any, in_types: tuple[type, ...],
+def _check_grads(name: str, got: Any, in_types: tuple[Any, ...],
                  operands: tuple[Node, ...]) -> tuple[Node | None, ...]:
     """The backward's gradients as f32 nodes shaped like their inputs."""
     n = len(in_types)

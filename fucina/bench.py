@@ -258,6 +258,115 @@ def _cold_warm_case() -> Case:
     return c
 
 
+# -- training steps: forward, backward and an optimizer step --------------------------
+
+
+def _fucina_mlp(ctx: Any, sizes: tuple[int, ...], act: str, seed: int) -> list[Any]:
+    """Variables [w0, b0, w1, b1, ...] of an MLP; layer k maps tag l{k} -> l{k+1}."""
+    params = []
+    for k in range(len(sizes) - 1):
+        W = F.Tensor(f"l{k + 1}", f"l{k}")
+        w = W.normal(ctx, (sizes[k + 1], sizes[k]), seed + k, 0.0, 1.0 / sizes[k] ** 0.5)
+        params.append(W.variable(ctx, w.as_raw_tensor()))
+        params.append(F.Tensor(f"l{k + 1}").variable_from_slice(
+            ctx, (sizes[k + 1],), np.zeros(sizes[k + 1], np.float32)))
+    return params
+
+
+def _fucina_loss(params: list[Any], x: Any, y: Any, act: str) -> Any:
+    """Mean cross-entropy of the MLP's logits against one-hot ``y``; runs backward."""
+    h = x
+    layers = len(params) // 2
+    for k in range(layers):
+        h = h.dot(params[2 * k], f"l{k}").add(params[2 * k + 1])
+        if k < layers - 1:
+            h = h.tanh() if act == "tanh" else h.relu()
+    last = f"l{layers}"
+    loss = h.logsumexp(last).sub(h.mul(y).sum(last)).mean("batch")
+    loss.backward()
+    return loss
+
+
+def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_name: str,
+                   lr: float, quick: bool, torch_compile: bool) -> Case:
+    """One optimizer step (zero_grad, forward, backward, step) timed four ways.
+
+    fucina "compiled" compiles forward and backward into one program and runs
+    the optimizer step eagerly after it.
+    """
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
+    y0 = np.eye(sizes[-1], dtype=np.float32)[labels]
+    ctx = F.ExecContext()
+    X, Y = F.Tensor("batch", "l0"), F.Tensor("batch", f"l{len(sizes) - 1}")
+    x, y = X.from_slice(ctx, x0.shape, x0), Y.from_slice(ctx, y0.shape, y0)
+    c = Case(name)
+    mt = 0.1 if quick else 1.0
+
+    def fucina_step(run: Callable[..., Any], opt: Any) -> Callable[[], Any]:
+        def step() -> Any:
+            opt.zero_grad()
+            loss = run(x, y)
+            opt.step()
+            return loss
+        return step
+
+    for mode in ("eager", "compiled"):
+        params = _fucina_mlp(ctx, sizes, act, 1)
+        opt = getattr(F.optim, opt_name)(params, lr=lr)
+
+        def loss_fn(x: Any, y: Any, params: list[Any] = params) -> Any:
+            return _fucina_loss(params, x, y, act)
+
+        run = F.compile(loss_fn) if mode == "compiled" else loss_fn
+        step = fucina_step(run, opt)
+        setattr(c, mode, best_time(step, mt, repeats=3 if quick else 5))
+        if mode == "compiled":
+            c.notes["kernels"] = len(run.kernels(x, y))
+    if torch is None:
+        return c
+    tx, tl = torch.from_numpy(x0), torch.from_numpy(labels)
+    layers: list[Any] = []
+    for k in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[k], sizes[k + 1]))
+        if k < len(sizes) - 2:
+            layers.append(torch.nn.Tanh() if act == "tanh" else torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    topt = getattr(torch.optim, opt_name)(model.parameters(), lr=lr)
+
+    def torch_step(net: Any) -> Callable[[], Any]:
+        def step() -> Any:
+            topt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(tx), tl)
+            loss.backward()
+            topt.step()
+            return loss
+        return step
+
+    c.torch = best_time(torch_step(model), mt, repeats=3 if quick else 5)
+    if torch_compile:
+        try:
+            t0 = time.perf_counter()
+            cmodel = torch.compile(model)
+            torch_step(cmodel)()
+            c.notes["torch.compile_first_step_s"] = time.perf_counter() - t0
+            c.notes["torch.compile"] = best_time(torch_step(cmodel), mt)
+        except Exception as e:  # noqa: BLE001 - torch.compile needs a working toolchain
+            c.notes["torch.compile"] = f"unavailable ({type(e).__name__})"
+    return c
+
+
+def run_training_suite(quick: bool = False, torch_compile: bool = True) -> list[Case]:
+    """Training-step rows: the spirals MLP (Adam) and a 784-1024-1024-10 MLP (AdamW)."""
+    spirals = _training_case("spirals step, batch 256, 2-64-64-2 tanh, Adam", (2, 64, 64, 2),
+                             256, "tanh", "Adam", 1e-2, quick, torch_compile and not quick)
+    big = (784, 256, 256, 10) if quick else (784, 1024, 1024, 10)
+    mlp = _training_case(f"MLP {'-'.join(map(str, big))} relu, batch 256, AdamW", big, 256,
+                         "relu", "AdamW", 1e-3, quick, torch_compile and not quick)
+    return [spirals, mlp]
+
+
 def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
     """Run the standard suite and return its rows."""
     n = 1 << 18 if quick else 1 << 22
@@ -316,14 +425,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller sizes and shorter timing")
     p.add_argument("--no-cold-warm", action="store_true", help="skip the new-process case")
+    p.add_argument("--no-training", action="store_true", help="skip the training-step section")
+    p.add_argument("--no-torch-compile", action="store_true",
+                   help="skip torch.compile in the training section")
     args = p.parse_args(argv)
     cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm)
+    training = [] if args.no_training else run_training_suite(
+        quick=args.quick, torch_compile=not args.no_torch_compile)
     if args.json:
-        print(json.dumps({"conditions": conditions(), "cases": [asdict(c) for c in cases]},
-                         indent=2))
+        out = {"conditions": conditions(), "cases": [asdict(c) for c in cases]}
+        if training:
+            out["training"] = [asdict(c) for c in training]
+        print(json.dumps(out, indent=2))
     else:
         print("fucina benchmark suite; " + ", ".join(f"{k}={v}" for k, v in conditions().items()))
         print(table(cases))
+        if training:
+            print("\ntraining steps (zero_grad + forward + backward + optimizer step; "
+                  "fucina compiled = forward and backward in one program, optimizer eager)")
+            print(table(training))
     return 0
 
 

@@ -44,6 +44,13 @@ class LRScheduler(abc.ABC):
     on a fresh start).
     """
 
+    optimizer: Optimizer
+    base_lrs: list[float]
+    last_epoch: int
+    _step_count: int
+    _initial: bool
+    _last_lr: list[float]
+
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"{type(optimizer).__name__} is not a fucina.optim optimizer")
