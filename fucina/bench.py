@@ -357,14 +357,59 @@ def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_
     return c
 
 
-def run_training_suite(quick: bool = False, torch_compile: bool = True) -> list[Case]:
-    """Training-step rows: the spirals MLP (Adam) and a 784-1024-1024-10 MLP (AdamW)."""
+_FIRST_STEP = """
+import time
+import numpy as np
+import fucina as F
+from fucina.bench import _fucina_loss, _fucina_mlp
+ctx = F.ExecContext()
+rng = np.random.default_rng(0)
+x = F.Tensor("batch", "l0").from_slice(ctx, (256, 2), rng.standard_normal((256, 2)))
+y = F.Tensor("batch", "l3").from_slice(ctx, (256, 2), np.eye(2)[rng.integers(0, 2, 256)])
+params = _fucina_mlp(ctx, (2, 64, 64, 2), "tanh", 1)
+opt = F.optim.Adam(params, lr=1e-2)
+t0 = time.perf_counter()
+step = F.compile(lambda x, y: _fucina_loss(params, x, y, "tanh"))
+opt.zero_grad()
+step(x, y).item()
+opt.step()
+print(time.perf_counter() - t0)
+"""
+
+
+def _first_step_case() -> Case:
+    """Time from ``compile()`` to the end of the first spirals training step (forward,
+    backward, Adam) in a fresh process, with an empty kernel cache (cold) and with the
+    cache it left (warm); imports and model set-up are not counted."""
+    c = Case("first compiled spirals step, new process")
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, FUCINA_CACHE_DIR=d)
+
+        def run() -> float:
+            out = subprocess.run([sys.executable, "-c", _FIRST_STEP], env=env, check=True,
+                                 capture_output=True, text=True)
+            return float(out.stdout.strip().splitlines()[-1])
+
+        cold = run()
+        warm = min(run() for _ in range(2))
+    c.notes["cold_s"] = cold
+    c.notes["warm_s"] = warm
+    return c
+
+
+def run_training_suite(quick: bool = False, torch_compile: bool = True,
+                       first_step: bool = True) -> list[Case]:
+    """Training-step rows: the spirals MLP (Adam), a 784-1024-1024-10 MLP (AdamW) and the
+    time to a first compiled step in a new process (not in quick runs)."""
     spirals = _training_case("spirals step, batch 256, 2-64-64-2 tanh, Adam", (2, 64, 64, 2),
                              256, "tanh", "Adam", 1e-2, quick, torch_compile and not quick)
     big = (784, 256, 256, 10) if quick else (784, 1024, 1024, 10)
     mlp = _training_case(f"MLP {'-'.join(map(str, big))} relu, batch 256, AdamW", big, 256,
                          "relu", "AdamW", 1e-3, quick, torch_compile and not quick)
-    return [spirals, mlp]
+    cases = [spirals, mlp]
+    if first_step and not quick:
+        cases.append(_first_step_case())
+    return cases
 
 
 def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
