@@ -29,7 +29,7 @@ import fucina as F
 try:  # torch is an optional comparison point
     import torch
 except ImportError:  # pragma: no cover - depends on the machine
-    torch = None
+    torch = None  # type: ignore[assignment]
 
 
 @dataclass

@@ -57,7 +57,7 @@ class _Recorder:
 class _Traced:
     """One signature's program, how to rebuild its outputs, where gradients go."""
 
-    def __init__(self, program: Program | None, structure: Any, out_types: list[type],
+    def __init__(self, program: Program | None, structure: Any, out_types: list[Any],
                  grad_targets: list[Any], eager_only: bool = False):
         self.program = program
         self.structure = structure
@@ -79,7 +79,7 @@ class Compiled:
     # -- signatures ----------------------------------------------------------------
 
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        parts = []
+        parts: list[Any] = []
         for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
             if _is_tensor(a):
                 raw = a._node.value
@@ -180,6 +180,7 @@ class Compiled:
         tr = self._traced(args, kwargs)
         if tr.eager_only:
             return self.fn(*args, **kwargs)
+        assert tr.program is not None  # only eager-only signatures have no program
         ctx = tensors[0]._ctx if tensors else ExecContext()
         raws = tr.program.run([t._node.value for t in tensors])
         nout = len(tr.out_types)
@@ -196,7 +197,8 @@ class Compiled:
     def kernels(self, *args: Any, **kwargs: Any) -> list[Kernel]:
         """The generated kernels the program runs for these arguments, in order."""
         prog = self._traced(args, kwargs).program
-        return [st.kernel for st in prog.steps if st.kind == "kernel"]
+        assert prog is not None, "this signature runs eagerly: it has no kernels"
+        return [st.kernel for st in prog.steps if st.kernel is not None]
 
 
 def _deliver(node: Node, grad: RawTensor) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import enum
 
 import numpy as np
@@ -57,27 +58,27 @@ class DType(enum.Enum):
         return f"fucina.{self.value if self.value != 'bool' else 'bool_'}"
 
     @property
-    def is_block(self) -> bool:
+    def is_block(self) -> builtins.bool:
         """True for GGML block-quantized formats."""
         return self.value in BLOCK_DTYPES
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         """f16, bf16, f32, f64."""
         return self in _FLOATS
 
     @property
-    def is_f8(self) -> bool:
+    def is_f8(self) -> builtins.bool:
         """The OCP FP8 storage-only floats."""
         return self in (DType.f8_e4m3, DType.f8_e5m2)
 
     @property
-    def is_integer(self) -> bool:
+    def is_integer(self) -> builtins.bool:
         """u8, u16, i8, i16, i32, i64."""
         return self in _INTEGERS
 
     @property
-    def is_signed(self) -> bool:
+    def is_signed(self) -> builtins.bool:
         """Signed integer dtypes."""
         return self in (DType.i8, DType.i16, DType.i32, DType.i64)
 

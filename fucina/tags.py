@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from .argnames import explain
 from .errors import TagError
 
 MAX_RANK = 8
@@ -38,7 +39,9 @@ def auto_tags(rank: int) -> Tags:
 
 def check_tag(tag: object) -> str:
     """Validate one tag: a string that is a Python identifier."""
-    if not isinstance(tag, str) or not tag.isidentifier():
+    if not isinstance(tag, str):
+        raise TagError(explain(tag, "a tag name (str)"))
+    if not tag.isidentifier():
         raise TagError(f"a tensor tag must be a Python identifier string, got {tag!r}")
     return tag
 
@@ -51,7 +54,7 @@ def normalize_tags(spec: object) -> Tags:
         return auto_tags(spec)
     if isinstance(spec, (tuple, list)):
         return check_tags(tuple(spec))
-    raise TagError(f"tensor tags must be a tag tuple or a rank, got {spec!r}")
+    raise TagError(explain(spec, "a tag tuple or a rank"))
 
 
 def check_tags(tags: Iterable[object]) -> Tags:
@@ -79,6 +82,8 @@ def index(tags: Sequence[str], tag: str) -> int:
     try:
         return tags.index(tag)
     except ValueError:
+        if not isinstance(tag, str):
+            raise TagError(explain(tag, "a tag name (str)")) from None
         raise TagError(f"tensor tag not found: {tag!r} (available: {_fmt(tags)})") from None
 
 

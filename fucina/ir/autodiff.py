@@ -9,6 +9,7 @@ Gradients are always f32 (f16/bf16 leaves receive f32 gradients).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ..dtypes import DType
 from ..runtime.gradmode import no_grad
@@ -233,7 +234,7 @@ def _unary(n: Node, g: Node) -> Grads:
         src, dfn, params = _UNARY_D[fn]
         if params is None:
             params = tuple(n.attrs.get("params", ()))
-        kw = {"params": params} if params else {}
+        kw: dict[str, Any] = {"params": params} if params else {}
         d = emit("unary", (x if src == "x" else n,), fn=dfn, **kw)
         return (_bin("mul", g, d),)
     raise KeyError(f"no gradient rule for unary {fn}")

@@ -64,7 +64,7 @@ class Plan:
         for pos, v in zip(self.offset_pos, inputs):
             raw = v.value
             ints[pos] = raw.offset
-            args.append(raw.storage.buf)
+            args.append(raw.storage.buf)  # type: ignore[arg-type]  # eager values are concrete
         args += ints
         args += self.tail
         kind = self.param_kind
@@ -115,7 +115,9 @@ def _build(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> Plan | N
         raw = v.value
         sym = RawTensor(Storage(None), raw.dtype, raw.shape, raw.strides, 0)
         sym_inputs.append(Node("input", (), {"index": k}, sym, None, False))
-    shape, dtype = OPS[op].infer([p.value for p in sym_inputs], attrs)
+    infer = OPS[op].infer
+    assert infer is not None  # views never reach a plan
+    shape, dtype = infer([p.value for p in sym_inputs], attrs)
     node = Node(op, tuple(sym_inputs), attrs, RawTensor.symbolic(dtype, shape), None, False)
     if not (fusable(node) or fusable_reduce(node)) or OPS[op].is_view:
         return None

@@ -75,6 +75,7 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
         value = plan.run(inputs, attrs)  # the per-signature fast path
     else:
         ins = [i.value for i in inputs]
+        assert d.infer is not None  # every non-view op infers its result
         shape, dtype = d.infer(ins, attrs)
         if tracer is not None or any(v.is_symbolic for v in ins):
             value = RawTensor.symbolic(dtype, shape)

@@ -12,6 +12,7 @@ f16/bf16 math) runs through the reference kernels between generated ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,7 +279,7 @@ class BuiltKernel:
 
 def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]:
     """Expression text for elementwise node ``n`` over operand names."""
-    op, fn = n.op, n.attrs.get("fn")
+    op, fn = n.op, n.attrs.get("fn", "")
     params: list[Any] = []
 
     def param(value: Any) -> str:
@@ -363,7 +364,7 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
     # only walk the kept axes.
     table: list[tuple[list[int], str, int]] = []
     for v, lvl in inputs:
-        st = v.value.strides
+        st: Sequence[int] = v.value.strides
         if lvl == "kept" and g.raxes:
             ks = [st[k] if len(st) == nk0 and full[a] != 1 else 0
                   for k, a in enumerate(kept_axes)]

@@ -47,9 +47,10 @@ def _cse(order: list[Node], outputs: list[Node]) -> tuple[list[Node], list[Node]
             ins = tuple(canon.get(id(i), i) for i in n.inputs)
             if any(a is not b for a, b in zip(ins, n.inputs)):
                 rebuilt = Node(n.op, ins, n.attrs, n.value, n.tags, n.requires_grad)
-                if OPS[n.op].is_view:
+                layout = OPS[n.op].layout
+                if layout is not None:
                     # A view's layout is relative to its input's storage: re-derive it.
-                    rebuilt.value = OPS[n.op].layout(ins[0].value, n.attrs)
+                    rebuilt.value = layout(ins[0].value, n.attrs)
                 n2 = rebuilt
             else:
                 n2 = n
@@ -75,6 +76,22 @@ class Step:
     built: BuiltKernel | None = None
     kernel: kcache.Kernel | None = None
     gemm: Any = None               # contract: the GEMM plan decided from traced layouts
+
+
+def _step_outputs(st: Step) -> list[Node]:
+    if st.kind == "kernel":
+        assert st.built is not None
+        return st.built.outputs
+    assert st.node is not None
+    return [st.node]
+
+
+def _step_inputs(st: Step) -> list[Node]:
+    if st.kind == "kernel":
+        assert st.built is not None
+        return st.built.inputs
+    assert st.node is not None
+    return list(st.node.inputs)
 
 
 class Program:
@@ -162,10 +179,10 @@ class Program:
         self.const_slots: list[tuple[int, Node]] = []
         produced: list[list[Node]] = []
         for st in self.steps:
-            produced.append(st.built.outputs if st.kind == "kernel" else [st.node])
+            produced.append(_step_outputs(st))
         last_use: dict[int, int] = {}
         for k, st in enumerate(self.steps):
-            reads = st.built.inputs if st.kind == "kernel" else list(st.node.inputs)
+            reads = _step_inputs(st)
             for v in reads:
                 last_use[id(v.value.storage)] = k
         keep = {id(o.value.storage) for o in self.outputs}
@@ -173,7 +190,7 @@ class Program:
         free: dict[tuple[str, int], list[int]] = {}
         self.fresh_slots: set[int] = set()
         for k, st in enumerate(self.steps):
-            reads = st.built.inputs if st.kind == "kernel" else list(st.node.inputs)
+            reads = _step_inputs(st)
             for v in reads:
                 sid = id(v.value.storage)
                 if sid not in self.slot:
@@ -212,15 +229,15 @@ class Program:
         """Execute on argument raw tensors; returns raw results."""
         bufs: list[Any] = [None] * len(self.slot_meta)
         for k, a in enumerate(args):
-            bufs[k] = a.storage.buf[a.offset:]
+            bufs[k] = a.storage.buf[a.offset:]  # type: ignore[index]  # arguments are concrete
         for slot, node in self.const_slots:
             v = node.value
-            bufs[slot] = v.storage.buf[v.offset:] if v.offset else v.storage.buf
+            bufs[slot] = v.storage.buf[v.offset:] if v.offset else v.storage.buf  # type: ignore[index]
         for st in self.steps:
             if st.kind == "kernel":
                 self._launch(st, bufs)
             else:
-                self._ref(st.node, bufs, st.gemm)
+                self._ref(st.node, bufs, st.gemm)  # type: ignore[arg-type]  # ref steps have a node
         results = []
         for o in self.outputs:
             sid = id(o.value.storage)
@@ -252,10 +269,10 @@ class Program:
         return buf
 
     def _launch(self, st: Step, bufs: list[Any]) -> None:
-        b = st.built
+        b: Any = st.built  # a kernel step: built and kernel are set
         outs = [self._buffer(bufs, n) for n in b.outputs]
         ins = [bufs[self.slot[id(v.value.storage)]] for v in b.inputs]
-        st.kernel(*outs, *ins, *b.int_args, *b.loop_sizes, *b.params)
+        st.kernel(*outs, *ins, *b.int_args, *b.loop_sizes, *b.params)  # type: ignore[misc]
 
     def _ref(self, n: Node, bufs: list[Any], decided: Any = None) -> None:
         arrays = []

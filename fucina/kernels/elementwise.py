@@ -187,6 +187,10 @@ def _gelu_quant(x: np.ndarray) -> np.ndarray:
     return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, g))
 
 
+def _elu(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, np.expm1(x))
+
+
 def _sign(x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, _typed(x, 1), np.where(x < 0, _typed(x, -1), x))
 
@@ -258,7 +262,7 @@ UNARY: dict[str, EwDef] = {
     "softcap_30": EwDef(lambda x: 30 * np.tanh(x / 30), "sf.softcap30({x})"),
     "softcap_15": EwDef(lambda x: 15 * np.tanh(x / 15), "sf.softcap15({x})"),
     "gelu_quant": EwDef(_gelu_quant, "sf.gelu_quant({x})"),
-    "elu": EwDef(lambda x: np.where(x > 0, x, np.expm1(x)), "sf.elu({x})"),
+    "elu": EwDef(_elu, "sf.elu({x})"),
     "gelu_erf": EwDef(_in_f64(_gelu_erf64), "sf.gelu_erf({x})"),
     "floor": EwDef(np.floor, "np.floor({x})"),
     "ceil": EwDef(np.ceil, "np.ceil({x})"),

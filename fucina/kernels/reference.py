@@ -212,7 +212,7 @@ def pad(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
 
 
 def _full_index(idx: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
-    grids = list(np.indices(idx.shape, sparse=True))
+    grids: list[np.ndarray] = list(np.indices(idx.shape, sparse=True))
     grids[axis] = idx
     return tuple(grids)
 

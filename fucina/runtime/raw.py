@@ -32,7 +32,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def check_shape(shape: object, rank: int | None = None) -> tuple[int, ...]:
     """Validate a shape: a sequence of positive ints of the expected rank (1..8)."""
     try:
-        dims = tuple(shape)  # type: ignore[arg-type]
+        dims: tuple[object, ...] = tuple(shape)  # type: ignore[arg-type]
     except TypeError:
         raise InvalidShape(f"shape must be a sequence of ints, got {shape!r}") from None
     out = []
@@ -140,6 +140,7 @@ class RawTensor:
     def array(self) -> np.ndarray:
         """numpy view in logical shape over storage elements (blocks: storage shape)."""
         buf = self.storage.buf
+        assert buf is not None, "a symbolic tensor has no buffer"
         item = buf.itemsize
         return np.ndarray(self.storage_shape(), dtype=buf.dtype, buffer=buf,
                           offset=self.offset * item,
@@ -152,7 +153,9 @@ class RawTensor:
                 f"tensor with shape {self.shape} and strides {self.strides} is not contiguous; "
                 "materialize it first or use copy_to")
         n = _storage_count(self.dtype, self.shape)
-        return self.storage.buf[self.offset:self.offset + n]
+        buf = self.storage.buf
+        assert buf is not None, "a symbolic tensor has no buffer"
+        return buf[self.offset:self.offset + n]
 
     def contiguous_copy(self) -> RawTensor:
         """A fresh contiguous copy."""

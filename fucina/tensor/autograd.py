@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dtypes import DType, as_dtype
 from ..errors import (
@@ -16,7 +16,12 @@ from ..ir import autodiff
 from ..ir.execute import emit
 from ..ir.graph import Node, leaf
 from ..runtime.raw import RawTensor
-from .base import check_tensor, method, new, result, same_ctx, tensor_type
+from .base import Tensor, check_tensor, new, result, same_ctx, tensor_type
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from .branches import F32Tensor
 
 
 def _seed_check(self: Any) -> Node:
@@ -28,68 +33,9 @@ def _seed_check(self: Any) -> Node:
     return node
 
 
-@method
-def backward(self: Any) -> None:
-    """Accumulate d(self)/d(leaf) into every variable leaf; self must be single-element."""
-    node = _seed_check(self)
-    if node.value.numel != 1:
-        raise MissingOutputGradient(
-            f"backward() needs a single-element output, shape is {node.shape}; "
-            "use backward_with_grad(grad_output)")
-    seed = emit("fill", (), shape=node.shape, dtype=DType.f32, value=1.0)
-    autodiff.backward(node, seed)
-
-
-@method
-def backward_with_grad(self: Any, grad_output: Any) -> None:
-    """Backward with an explicit output gradient of self's type and shape."""
-    node = _seed_check(self)
-    check_tensor(grad_output, "grad_output")
-    same_ctx(self, grad_output)
-    if tuple(grad_output.axis_tags) != tuple(self.axis_tags):
-        raise TagError(f"grad_output tags {grad_output.axis_tags} differ from {self.axis_tags}")
-    if grad_output.shape != self.shape:
-        raise ShapeMismatch(f"grad_output shape {grad_output.shape} differs from {self.shape}")
-    g = grad_output._node
-    if g.dtype is not DType.f32:
-        g = emit("cast", (g,), dtype=DType.f32, src=g.dtype)
-    autodiff.backward(node, Node("const", (), {}, g.value, None, False))
-
-
 def _grad_tensor(self: Any, raw: RawTensor) -> Any:
     cls = tensor_type(tags=self.axis_tags, dtype=DType.f32)
     return new(cls, leaf(raw, self.axis_tags, False), self._ctx, op_result=False)
-
-
-@method
-def grad(self: Any) -> Any:
-    """An owned copy of the accumulated gradient (f32), or None."""
-    g = self._node.grad
-    return None if g is None else _grad_tensor(self, g.contiguous_copy())
-
-
-@method
-def grad_view(self: Any) -> Any:
-    """A view sharing the live gradient buffer as of now, or None."""
-    g = self._node.grad
-    if g is None:
-        return None
-    return _grad_tensor(self, g.view(g.shape, g.strides, g.offset))
-
-
-@method
-def zero_grad(self: Any) -> None:
-    """Drop the accumulated gradient."""
-    node = self._node
-    node.grad = None
-
-
-@method
-def detach(self: Any) -> Any:
-    """A no-grad tensor sharing storage with self."""
-    raw = self._node.value
-    view = raw.view(raw.shape, raw.strides, raw.offset)
-    return new(type(self), leaf(view, self.axis_tags, False), self._ctx, op_result=False)
 
 
 _DIFF_CASTS = {
@@ -98,20 +44,89 @@ _DIFF_CASTS = {
 }
 
 
-@method
-def to(self: Any, dtype: Any) -> Any:
-    """A converted copy (the seeds' casting table; blocks dequantize to f32 only)."""
-    target = as_dtype(dtype)
-    src = self.dtype
-    node = self._node
-    if src.is_block:
-        if target is not DType.f32:
-            raise TagError(f"{src.value} tensors convert to f32 only, not {target.value}")
-        return result(self, self.axis_tags, emit("dequantize", (node,), src=src), DType.f32)
-    if target.is_block:
-        raise TagError(f"to({target.value}): quantize with the block constructors instead")
-    if node.requires_grad and (src, target) not in _DIFF_CASTS:
-        raise GradientCastUnsupported(
-            f"to({target.value}) on a {src.value} tensor that requires grad; detach() first")
-    out = emit("cast", (node,), dtype=target, src=src)
-    return result(self, self.axis_tags, out, target)
+class Cast(Tensor):
+    """dtype conversion (every branch; block formats dequantize to f32)."""
+
+    __slots__ = ()
+
+    def to(self, dtype: DType | str) -> Tensor:
+        """A converted copy (the seeds' casting table; blocks dequantize to f32 only)."""
+        target = as_dtype(dtype)
+        src = self.dtype
+        node = self._node
+        if src.is_block:
+            if target is not DType.f32:
+                raise TagError(f"{src.value} tensors convert to f32 only, not {target.value}")
+            return result(self, self.axis_tags, emit("dequantize", (node,), src=src), DType.f32)
+        if target.is_block:
+            raise TagError(f"to({target.value}): quantize with the block constructors instead")
+        if node.requires_grad and (src, target) not in _DIFF_CASTS:
+            raise GradientCastUnsupported(
+                f"to({target.value}) on a {src.value} tensor that requires grad; detach() first")
+        out = emit("cast", (node,), dtype=target, src=src)
+        return result(self, self.axis_tags, out, target)
+
+
+class Detach(Tensor):
+    """Leaving the gradient graph (float branches)."""
+
+    __slots__ = ()
+
+    def detach(self) -> Self:
+        """A no-grad tensor sharing storage with self."""
+        raw = self._node.value
+        view = raw.view(raw.shape, raw.strides, raw.offset)
+        return new(type(self), leaf(view, self.axis_tags, False), self._ctx, op_result=False)
+
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradient."""
+        node = self._node
+        node.grad = None
+
+
+class GradAccess(Tensor):
+    """Reading accumulated gradients (f32, and f16/bf16 leaves whose gradients are f32)."""
+
+    __slots__ = ()
+
+    def grad(self) -> F32Tensor | None:
+        """An owned copy of the accumulated gradient (f32), or None."""
+        g = self._node.grad
+        return None if g is None else _grad_tensor(self, g.contiguous_copy())
+
+    def grad_view(self) -> F32Tensor | None:
+        """A view sharing the live gradient buffer as of now, or None."""
+        g = self._node.grad
+        if g is None:
+            return None
+        return _grad_tensor(self, g.view(g.shape, g.strides, g.offset))
+
+
+class Backward(Tensor):
+    """Reverse-mode differentiation from this tensor (f32)."""
+
+    __slots__ = ()
+
+    def backward(self) -> None:
+        """Accumulate d(self)/d(leaf) into every variable leaf; self must be single-element."""
+        node = _seed_check(self)
+        if node.value.numel != 1:
+            raise MissingOutputGradient(
+                f"backward() needs a single-element output, shape is {node.shape}; "
+                "use backward_with_grad(grad_output)")
+        seed = emit("fill", (), shape=node.shape, dtype=DType.f32, value=1.0)
+        autodiff.backward(node, seed)
+
+    def backward_with_grad(self, grad_output: Tensor) -> None:
+        """Backward with an explicit output gradient of self's type and shape."""
+        node = _seed_check(self)
+        check_tensor(grad_output, "grad_output")
+        same_ctx(self, grad_output)
+        if tuple(grad_output.axis_tags) != tuple(self.axis_tags):
+            raise TagError(f"grad_output tags {grad_output.axis_tags} differ from {self.axis_tags}")
+        if grad_output.shape != self.shape:
+            raise ShapeMismatch(f"grad_output shape {grad_output.shape} differs from {self.shape}")
+        g = grad_output._node
+        if g.dtype is not DType.f32:
+            g = emit("cast", (g,), dtype=DType.f32, src=g.dtype)
+        autodiff.backward(node, Node("const", (), {}, g.value, None, False))

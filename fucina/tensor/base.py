@@ -1,24 +1,34 @@
-"""The ``Tensor(spec)`` type constructor and what every tensor instance shares.
+"""The root ``Tensor`` class, the ``Tensor(spec)`` type constructor, and what every
+tensor shares.
 
 ``fucina.Tensor`` is a class; calling it with a spec returns a cached
-subclass whose axis tags and dtype are class attributes. Instances hold one
-IR node (value + graph link) and the ExecContext they belong to. Methods are
-pooled here and in the sibling modules and assembled per dtype branch by
-``branches.py``, so a branch has exactly its method set.
+subclass whose axis tags and dtype are class attributes. That subclass
+derives from one dtype *branch* (``branches.py``), and a branch is declared
+as a list of capability mixins: each mixin is an ordinary class defined in
+the module of its op family (``unary.UnaryMath``, ``views.AxisViews``, ...),
+deriving from :class:`Tensor` so its methods can call one another. A branch
+has exactly the methods of its mixins; an op it lacks is absent.
+
+This module holds the root class (plumbing plus the surface every branch
+shares: lifetime, metadata, data access, Python and numpy interop),
+:class:`ItemAccess` and the helpers every op module uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import numbers
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
 from .. import tags as T
+from ..argnames import explain
 from ..dtypes import DType, as_dtype
 from ..errors import (
     ContextMismatch,
     Deinitialized,
+    IndexOutOfBounds,
     InvalidDataLength,
     InvalidShape,
     MutableDataRequiresNoGrad,
@@ -29,36 +39,46 @@ from ..errors import (
 from ..ir.execute import emit
 from ..ir.graph import Node
 from ..runtime.context import ExecContext
+from ..runtime.raw import RawTensor
+from .display import decode, tensor_repr
 
-#: name -> function/descriptor; branches pick their methods from here.
-POOL: dict[str, Any] = {}
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
+    from .branches import (
+        BoolTensor,
+        F8Tensor,
+        F32Tensor,
+        F64Tensor,
+        HalfTensor,
+        I64Tensor,
+        IntTensor,
+    )
 
-def method(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add an instance method to the pool under its own name."""
-    POOL[fn.__name__] = fn
-    return fn
-
-
-def classmethod_(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add a class method (constructors, axis/has_tag) to the pool."""
-    POOL[fn.__name__] = classmethod(fn)
-    return fn
+    _Spec = str | int | Sequence[str]
+    _Tags = Sequence[str] | None
 
 
 class _TensorMeta(type):
     """Calling ``Tensor(spec)`` builds (or fetches) a concrete tensor type."""
 
+    if TYPE_CHECKING:  # None on the root and the mixins, set on every tensor type
+        axis_tags: tuple[str, ...]
+        dtype: DType
+
     def __call__(cls, *spec: Any, tags: Any = None, dtype: Any = None, rank: Any = None) -> Any:
-        if cls.axis_tags is not None:
-            raise TypeError(
-                f"{cls.__name__} is a tensor type; build tensors with its constructors "
-                f"(from_slice, zeros, ...), not by calling it")
+        if cls is not Tensor:
+            if cls.axis_tags is not None:
+                raise TypeError(
+                    f"{cls!r} is a tensor type; build tensors with its constructors "
+                    f"(from_slice, zeros, ...), not by calling it")
+            raise TypeError(f"{cls.__name__} is a facade class, not a tensor type: build "
+                            f"types with fucina.Tensor(spec)")
         return tensor_type(*spec, tags=tags, dtype=dtype, rank=rank)
 
     def __repr__(cls) -> str:
         if cls.axis_tags is None:
-            return "fucina.Tensor"
+            return "fucina.Tensor" if cls is Tensor else type.__repr__(cls)
         inner = ", ".join(repr(t) for t in cls.axis_tags)
         if cls.dtype is not DType.f32:
             inner = f"{inner}, dtype={cls.dtype.value!r}" if inner else f"dtype={cls.dtype.value!r}"
@@ -70,15 +90,82 @@ class Tensor(metaclass=_TensorMeta):
 
     Spec forms: tag names (``Tensor("batch", "in")`` or a tuple), a rank
     (``Tensor(2)`` -> tags ``_0, _1``), keywords ``tags=``/``rank=`` with
-    ``dtype=``, or nothing (an f32 scalar).
+    ``dtype=``, or nothing (an f32 scalar). ``isinstance(x, fucina.Tensor)``
+    holds for every tensor; ``help(fucina.Tensor("a"))`` lists a type's methods.
+
+    The methods defined here (lifetime, metadata, data access, Python and
+    numpy interop) are shared by every branch.
     """
 
-    axis_tags: tuple[str, ...] | None = None
-    tag_count: int | None = None
-    tensor_rank: int | None = None
-    dtype: DType | None = None
+    if TYPE_CHECKING:
+        # Set on every concrete type; None only on this root and the mixin classes.
+        axis_tags: tuple[str, ...]
+        tag_count: int
+        tensor_rank: int
+        dtype: DType
+    else:
+        axis_tags = tag_count = tensor_rank = dtype = None
 
     __slots__ = ("_node_", "_ctx", "_scoped", "__weakref__")
+
+    _node_: Node | None
+    _ctx: ExecContext
+    _scoped: bool
+
+    if TYPE_CHECKING:
+        # What a type checker sees for ``fucina.Tensor(spec)``: the branch class of the
+        # dtype (at run time the metaclass returns a cached subclass of that branch).
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["f32", DType.f32] | None = None,
+        ) -> type[F32Tensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["f16", "bf16", DType.f16, DType.bf16],
+        ) -> type[HalfTensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["f64", DType.f64],
+        ) -> type[F64Tensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["i64", DType.i64],
+        ) -> type[I64Tensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["u8", "u16", "i8", "i16", "i32", DType.u8, DType.u16, DType.i8,
+                           DType.i16, DType.i32],
+        ) -> type[IntTensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["bool", DType.bool],
+        ) -> type[BoolTensor]: ...
+
+        @overload
+        def __new__(  # type: ignore[misc]
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: Literal["f8_e4m3", "f8_e5m2", DType.f8_e4m3, DType.f8_e5m2],
+        ) -> type[F8Tensor]: ...
+
+        @overload
+        def __new__(
+            cls, *spec: _Spec, tags: _Tags = None, rank: int | None = None,
+            dtype: DType | str,
+        ) -> Any: ...
+
+        def __new__(cls, *spec: Any, tags: Any = None, rank: Any = None,
+                    dtype: Any = None) -> Any: ...
 
     # -- plumbing shared by every op ------------------------------------------
 
@@ -94,28 +181,185 @@ class Tensor(metaclass=_TensorMeta):
         """Wrap an IR node as an instance of this type (tracing and compiled results)."""
         return new(cls, node, ctx, op_result=op_result)
 
-    def __repr__(self) -> str:
+    def _release_from_scope(self) -> None:
+        """Called by an ending exec scope: release the storage reference."""
         node = self._node_
-        if node is None:
-            return f"<{type(self)!r} (deinit'ed)>"
-        dims = ", ".join(f"{t}={d}" for t, d in zip(self.axis_tags, node.shape)) or "scalar"
-        head = f"{type(self)!r} [{dims}]"
-        raw = node.value
-        if raw.is_symbolic:
-            return f"<{head} traced>"
-        if raw.numel > 64 or raw.dtype.is_block:
-            return f"<{head}>"
-        import numpy as np
+        if node is not None:
+            node.value.storage.release()
+            self._node_ = None
 
-        vals = np.array2string(self.numpy(), separator=", ", prefix="  ")
-        grad = ", requires_grad" if node.requires_grad else ""
-        return f"<{head}{grad}\n  {vals}>"
+    def __repr__(self) -> str:
+        return tensor_repr(self)
+
+    def __matmul__(self, other: object) -> Any:
+        raise TypeError("'@' is not supported: a contraction must name its tag, "
+                        "e.g. a.dot(b, 'k')")
+
+    def __rmatmul__(self, other: object) -> Any:
+        raise TypeError("'@' is not supported: a contraction must name its tag, "
+                        "e.g. a.dot(b, 'k')")
+
+    #: numpy defers to the tensor for ``array + tensor`` (and raises TypeError) instead of
+    #: silently turning the tensor into an array.
+    __array_ufunc__ = None
+
+    # -- lifetime ------------------------------------------------------------------
+
+    def deinit(self) -> None:
+        """Release this tensor's storage reference; any later use raises Deinitialized."""
+        node = self._node
+        if self._scoped:
+            return  # the scope owns it: deinit is a safe no-op until the scope closes
+        node.value.storage.release()
+        self._node_ = None
+
+    def __enter__(self) -> Self:
+        self._node  # noqa: B018 - raises Deinitialized
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._node_ is not None:
+            self.deinit()
+
+    # -- metadata ------------------------------------------------------------------
+
+    @classmethod
+    def axis(cls, tag: str) -> int:
+        """Axis position of ``tag`` (TagError if the type lacks it)."""
+        return T.index(cls.axis_tags, tag)
+
+    @classmethod
+    def has_tag(cls, tag: str) -> bool:
+        """Whether the type carries ``tag``."""
+        return tag in cls.axis_tags
+
+    def dim(self, tag: str) -> int:
+        """Size of the axis tagged ``tag``."""
+        return self._node.shape[T.index(self.axis_tags, tag)]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Runtime sizes in tag order (scalars: ``(1,)``)."""
+        return tuple(self._node.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes (tags); 0 for a scalar."""
+        return self.tag_count
+
+    @property
+    def size(self) -> int:
+        """Number of elements (logical elements for block-quantized tensors)."""
+        return self._node.value.numel
+
+    @property
+    def requires_grad(self) -> bool:
+        """True when the tensor participates in autograd."""
+        return self._node.requires_grad
+
+    def is_contiguous(self) -> bool:
+        """True when storage is dense row-major in logical order."""
+        return self._node.value.is_contiguous()
+
+    # -- data access ---------------------------------------------------------------
+
+    def as_raw_tensor(self) -> RawTensor:
+        """The underlying raw tensor (a borrow: do not mutate or deinit it)."""
+        return self._node.value
+
+    def data_const(self) -> np.ndarray:
+        """Read-only 1-D numpy view of the storage in logical order."""
+        flat = readable(self).flat().view()
+        flat.flags.writeable = False
+        return flat
+
+    def data(self) -> np.ndarray:
+        """Writable 1-D numpy view of the storage in logical order."""
+        if self.requires_grad:
+            raise MutableDataRequiresNoGrad(
+                "data() on a tensor that requires grad; use data_const() or detach()")
+        raw = readable(self)
+        flat = raw.flat()
+        if raw.storage.readonly:
+            raise UnsupportedView("storage is borrowed read-only; use data_const()")
+        return flat
+
+    def copy_to(self, dst: np.ndarray) -> None:
+        """Copy the logical elements row-major into ``dst`` (same element count)."""
+        raw = readable(self)
+        if not isinstance(dst, np.ndarray):
+            raise TypeError(explain(dst, "a numpy array"))
+        if dst.size != raw.numel // raw.dtype.block_size:
+            raise InvalidDataLength(
+                f"destination holds {dst.size} elements, tensor has {raw.numel}")
+        flat = dst.reshape(-1) if dst.flags.c_contiguous else None
+        src = raw.array()
+        if flat is None:
+            dst[...] = src.reshape(dst.shape)
+        else:
+            flat[...] = src.reshape(-1)
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the values as a numpy array in the tensor's logical shape."""
+        return np.array(readable(self).array(), copy=True)
+
+    def materialize(self) -> Self:
+        """A contiguous copy in logical order (differentiable on float branches)."""
+        return result(self, self.axis_tags, emit("copy", (self._node,)))
+
+    # -- Python and numpy interop -----------------------------------------------------
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``np.asarray(x)``: the values in logical shape (storage elements: bf16 and FP8
+        as bits, blocks as records, like :meth:`numpy`). A read-only view when no copy
+        or conversion is needed, else a copy; ``copy=False`` with a conversion raises
+        ValueError, as numpy's protocol says."""
+        arr = readable(self).array()
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(f"np.asarray(copy=False) cannot convert {arr.dtype} to "
+                                 f"{np.dtype(dtype)} without a copy")
+            return arr.astype(dtype)
+        if copy:
+            return np.array(arr, copy=True)
+        view = arr.view()
+        view.flags.writeable = False
+        return view
+
+    def __len__(self) -> int:
+        """Size of the first axis (TypeError for a scalar, as numpy's 0-d arrays)."""
+        if not self.tag_count:
+            raise TypeError(f"len() of a scalar tensor {type(self)!r}")
+        return self._node.shape[0]
+
+    def _one(self, what: str) -> Any:
+        v = one_value(self)
+        if v is None:
+            raise ValueError(
+                f"{what}() needs a one-element tensor; {type(self)!r} has {self.size} "
+                f"elements (use any_all()/all_all() or a reduction)")
+        return v
+
+    def __bool__(self) -> bool:
+        """Truth of a one-element tensor (ValueError otherwise, as numpy)."""
+        return bool(self._one("bool"))
+
+    def __float__(self) -> float:
+        """Value of a one-element tensor as a float (ValueError otherwise)."""
+        return float(self._one("float"))
+
+    def __int__(self) -> int:
+        """Value of a one-element tensor as an int, truncated (ValueError otherwise)."""
+        v = self._one("int")
+        if isinstance(v, float) and not np.isfinite(v):
+            raise ValueError(f"int() of a non-finite value {v}")
+        return int(v)
 
 
 _TYPES: dict[tuple[DType, tuple[str, ...]], type] = {}
 
 
-def tensor_type(*spec: Any, tags: Any = None, dtype: Any = None, rank: Any = None) -> type:
+def tensor_type(*spec: Any, tags: Any = None, dtype: Any = None, rank: Any = None) -> Any:
     """Normalize a spec and return the cached tensor type for (dtype, tags)."""
     if spec and (tags is not None or rank is not None):
         raise TagError("give tags either positionally or as tags=/rank=, not both")
@@ -144,6 +388,7 @@ def tensor_type(*spec: Any, tags: Any = None, dtype: Any = None, rank: Any = Non
         name = "Tensor[" + ",".join(norm) + (f";{dt.value}" if dt is not DType.f32 else "") + "]"
         cls = _TensorMeta(name, (base,), {
             "__slots__": (),
+            "__doc__": base.__doc__,
             "axis_tags": norm,
             "tag_count": len(norm),
             "tensor_rank": T.raw_rank(len(norm)),
@@ -160,7 +405,7 @@ def tensor_type(*spec: Any, tags: Any = None, dtype: Any = None, rank: Any = Non
 
 def new(cls: type, node: Node, ctx: ExecContext, *, op_result: bool = True) -> Any:
     """Instantiate ``cls`` around ``node``; op results join the open exec scope."""
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     obj._node_ = node
     obj._ctx = ctx
     obj._scoped = False
@@ -170,7 +415,7 @@ def new(cls: type, node: Node, ctx: ExecContext, *, op_result: bool = True) -> A
     return obj
 
 
-def result(self: Any, tags: Sequence[str], node: Node, dtype: DType | None = None) -> Any:
+def result(self: Tensor, tags: Sequence[str], node: Node, dtype: DType | None = None) -> Any:
     """Wrap an op's result node as ``Tensor(tags, dtype)`` on ``self``'s context."""
     tags = tuple(tags)
     node.tags = tags
@@ -179,7 +424,7 @@ def result(self: Any, tags: Sequence[str], node: Node, dtype: DType | None = Non
     return new(cls, node, self._ctx)
 
 
-def same_ctx(self: Any, *others: Any) -> None:
+def same_ctx(self: Tensor, *others: Tensor) -> None:
     """Operands of one op must share a context."""
     for o in others:
         if o._ctx is not self._ctx:
@@ -187,14 +432,21 @@ def same_ctx(self: Any, *others: Any) -> None:
 
 
 def check_tensor(x: Any, what: str = "operand") -> Any:
-    """A live fucina tensor, or TypeError naming what was passed."""
+    """A live fucina tensor, or TypeError naming the argument and what was passed."""
     if not isinstance(x, Tensor) or x.axis_tags is None:
-        raise TypeError(f"{what} must be a fucina tensor, got {type(x).__name__}")
+        raise TypeError(explain(x, f"a fucina tensor ({what})"))
     x._node  # noqa: B018 - raises Deinitialized
     return x
 
 
-def sizes_of(x: Any) -> dict[str, int]:
+def tensor_list(xs: Any, what: str) -> list[Any]:
+    """A list of tensors from a sequence argument; TypeError for anything else."""
+    if isinstance(xs, (str, Tensor)) or not isinstance(xs, (Sequence, np.ndarray)):
+        raise TypeError(explain(xs, f"a sequence of fucina tensors ({what})"))
+    return [check_tensor(x, what) for x in xs]
+
+
+def sizes_of(x: Tensor) -> dict[str, int]:
     """tag -> size for a live tensor."""
     return dict(zip(x.axis_tags, x._node.shape))
 
@@ -202,6 +454,13 @@ def sizes_of(x: Any) -> dict[str, int]:
 def identity_coeffs(rank: int) -> tuple[tuple[int, ...], ...]:
     """Coefficient rows of the identity view."""
     return tuple(tuple(1 if j == k else 0 for j in range(rank)) for k in range(rank))
+
+
+def identity_view(x: Tensor) -> Node:
+    """A zero-copy alias of ``x``'s node (a fresh node over the same storage)."""
+    node = x._node
+    r = len(node.shape)
+    return emit("view", (node,), shape=node.shape, coeffs=identity_coeffs(r), base=(0,) * r)
 
 
 def align_node(x: Any, target: Sequence[str], shape: Sequence[int]) -> Node:
@@ -222,7 +481,7 @@ def align_node(x: Any, target: Sequence[str], shape: Sequence[int]) -> Node:
                 coeffs=tuple(coeffs) or ((0,) * in_rank,), base=(0,) * in_rank)
 
 
-def broadcast_sizes(a: Any, b: Any, out: Sequence[str]) -> tuple[int, ...]:
+def broadcast_sizes(a: Tensor, b: Tensor, out: Sequence[str]) -> tuple[int, ...]:
     """Per-tag broadcast of two operands' sizes (equal, or one of them 1)."""
     sa, sb = sizes_of(a), sizes_of(b)
     shape = []
@@ -253,177 +512,45 @@ def host_indices(indices: Any, dim: int, tag: str) -> np.ndarray:
     bad = (idx < 0) | (idx >= dim)
     if bad.any():
         first = int(idx[np.argmax(bad)])
-        from ..errors import IndexOutOfBounds
-
         raise IndexOutOfBounds(f"index {first} out of range for {tag!r} of size {dim}")
     return idx
 
 
-# -- the shared instance surface --------------------------------------------------
-
-
-@method
-def deinit(self: Any) -> None:
-    """Release this tensor's storage reference; any later use raises Deinitialized."""
-    node = self._node
-    if self._scoped:
-        return  # the scope owns it: deinit is a safe no-op until the scope closes
-    node.value.storage.release()
-    self._node_ = None
-
-
-def _release_from_scope(self: Any) -> None:
-    node = self._node_
-    if node is not None:
-        node.value.storage.release()
-        self._node_ = None
-
-
-Tensor._release_from_scope = _release_from_scope  # type: ignore[attr-defined]
-
-
-@method
-def __enter__(self: Any) -> Any:
-    self._node  # noqa: B018
-    return self
-
-
-@method
-def __exit__(self: Any, *exc: object) -> None:
-    if self._node_ is not None:
-        self.deinit()
-
-
-def axis(cls: Any, tag: str) -> int:
-    """Axis position of ``tag`` (TagError if the type lacks it)."""
-    return T.index(cls.axis_tags, tag)
-
-
-def has_tag(cls: Any, tag: str) -> bool:
-    """Whether the type carries ``tag``."""
-    return tag in cls.axis_tags
-
-
-POOL["axis"] = classmethod(axis)
-POOL["has_tag"] = classmethod(has_tag)
-
-
-@method
-def dim(self: Any, tag: str) -> int:
-    """Size of the axis tagged ``tag``."""
-    return self._node.shape[T.index(self.axis_tags, tag)]
-
-
-POOL["shape"] = property(lambda self: tuple(self._node.shape),
-                         doc="Runtime sizes in tag order (scalars: (1,)).")
-
-
-@method
-def is_contiguous(self: Any) -> bool:
-    """True when storage is dense row-major in logical order."""
-    return self._node.value.is_contiguous()
-
-
-@method
-def as_raw_tensor(self: Any) -> Any:
-    """The underlying raw tensor (a borrow: do not mutate or deinit it)."""
-    return self._node.value
-
-
-def _readable(self: Any) -> Any:
-    raw = self._node.value
+def readable(x: Tensor) -> RawTensor:
+    """The raw value of a live, non-traced tensor (UnsupportedView while tracing)."""
+    raw = x._node.value
     if raw.is_symbolic:
         raise UnsupportedView("a traced tensor has no data until the compiled program runs")
     return raw
 
 
-@method
-def data_const(self: Any) -> np.ndarray:
-    """Read-only 1-D numpy view of the storage in logical order."""
-    flat = _readable(self).flat().view()
-    flat.flags.writeable = False
-    return flat
-
-
-@method
-def data(self: Any) -> np.ndarray:
-    """Writable 1-D numpy view of the storage in logical order."""
-    if self.requires_grad:
-        raise MutableDataRequiresNoGrad(
-            "data() on a tensor that requires grad; use data_const() or detach()")
-    raw = _readable(self)
-    flat = raw.flat()
-    if raw.storage.readonly:
-        raise UnsupportedView("storage is borrowed read-only; use data_const()")
-    return flat
-
-
-@method
-def copy_to(self: Any, dst: np.ndarray) -> None:
-    """Copy the logical elements row-major into ``dst`` (same element count)."""
-    raw = _readable(self)
-    if not isinstance(dst, np.ndarray):
-        raise TypeError(f"copy_to needs a numpy array, got {type(dst).__name__}")
-    if dst.size != raw.numel // raw.dtype.block_size:
-        raise InvalidDataLength(
-            f"destination holds {dst.size} elements, tensor has {raw.numel}")
-    flat = dst.reshape(-1) if dst.flags.c_contiguous else None
-    src = raw.array()
-    if flat is None:
-        dst[...] = src.reshape(dst.shape)
-    else:
-        flat[...] = src.reshape(-1)
-
-
-@method
-def numpy(self: Any) -> np.ndarray:
-    """A copy of the values as a numpy array in the tensor's logical shape."""
-    raw = _readable(self)
-    return np.array(raw.array(), copy=True)
-
-
-@method
-def item(self: Any) -> Any:
-    """The single element as a Python number (InvalidShape unless one element)."""
-    raw = _readable(self)
+def one_value(x: Tensor) -> Any:
+    """The single element of ``x`` as a Python number (None unless one element)."""
+    raw = readable(x)
     if raw.numel != 1:
-        raise InvalidShape(f"item() needs a single-element tensor, shape is {raw.shape}")
-    v = raw.array().reshape(-1)[0]
-    if raw.dtype is DType.bf16:
-        from ..kernels.cast import bf16_to_f32
-
-        return float(bf16_to_f32(np.asarray([v], dtype=np.uint16))[0])
+        return None
+    v = decode(raw.array().reshape(-1)[:1], raw.dtype)[0]
     return v.item()
 
 
-POOL["requires_grad"] = property(lambda self: self._node.requires_grad,
-                                 doc="True when the tensor participates in autograd.")
+# -- the per-branch mixins defined here -----------------------------------------
 
 
-@method
-def materialize(self: Any) -> Any:
-    """A contiguous copy in logical order (differentiable on float branches)."""
-    return result(self, self.axis_tags, emit("copy", (self._node,)))
+class ItemAccess(Tensor):
+    """``item()`` on the scalar-dtype branches (block formats have no single elements)."""
+
+    __slots__ = ()
+
+    def item(self) -> float | int | bool:
+        """The single element as a Python number (InvalidShape unless one element);
+        bf16 and FP8 give their value, not their bits."""
+        v = one_value(self)
+        if v is None:
+            raise InvalidShape(
+                f"item() needs a single-element tensor, shape is {readable(self).shape}")
+        return v
 
 
-@method
-def contiguous(self: Any) -> Any:
-    """Zero-copy alias when already contiguous, else ``materialize()``."""
-    if self.is_contiguous():
-        node = self._node
-        r = len(node.shape)
-        return result(self, self.axis_tags, emit(
-            "view", (node,), shape=node.shape, coeffs=identity_coeffs(r), base=(0,) * r))
-    return self.materialize()
-
-
-def _dunder_guard(name: str) -> Callable[..., Any]:
-    def guard(self: Any, other: Any) -> Any:
-        raise TypeError(
-            f"'{name}' is not supported: a contraction must name its tag, e.g. a.dot(b, 'k')")
-
-    return guard
-
-
-Tensor.__matmul__ = _dunder_guard("@")  # type: ignore[attr-defined]
-Tensor.__rmatmul__ = _dunder_guard("@")  # type: ignore[attr-defined]
+def real_number(v: object) -> bool:
+    """A real Python/numpy number that is not a bool (an operator's scalar operand)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)

@@ -1,113 +1,172 @@
-"""The dtype branches: each tensor type gets exactly its branch's method set.
+"""The dtype branches: each is declared as the capability mixins it has.
 
-An op a branch lacks is absent from the class (``hasattr`` is False), the
-Python form of the seeds' compile-time method sets.
+A tensor type ``Tensor(spec)`` derives from exactly one branch class, chosen
+by its dtype (:func:`branch_for`). A branch has the methods of its mixins and
+nothing else: an op a branch lacks is absent from the class (``hasattr`` is
+False), the Python form of the seeds' compile-time method sets. To give a
+branch a new op family, add the family's mixin to its bases (see
+docs/ARCHITECTURE.md, "The facade").
+
+Mixins are listed most specific family first; every list ends with the
+families shared by all branches and the root :class:`Tensor`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..dtypes import DType
-from . import (  # noqa: F401 - fill POOL
-    autograd,
-    construct,
-    contract,
-    losses,
-    masks,
-    math,
-    reductions,
-    softmax,
-    structural,
-    unary,
-    views,
+from .autograd import Backward, Cast, Detach, GradAccess
+from .base import ItemAccess, Tensor
+from .construct import (
+    BlockConstructors,
+    F32Constructors,
+    Filled,
+    IndexConstructors,
+    MaskConstructors,
+    Variables,
+    Wrap,
 )
-from .base import POOL, Tensor
-
-_COMMON = (
-    "deinit __enter__ __exit__ axis has_tag dim shape is_contiguous as_raw_tensor data "
-    "data_const copy_to numpy requires_grad materialize with_tags to constant from_tensor"
+from .contract import Dot, Einsum, Matmul
+from .losses import Losses
+from .masks import MaskOps, Select
+from .math import (
+    Arithmetic,
+    BoolOperators,
+    FloatArithmetic,
+    IntegerMath,
+    Logic,
+    Ordering,
+    ScalarMath,
 )
-_SCALAR_CONST = (
-    "from_slice from_borrowed_const_slice empty zeros ones empty_like zeros_like ones_like item "
-    "align_to permute_to transpose insert_axis squeeze broadcast_to gather narrow concat "
-    "set_slice set_rows"
-)
-_INT_MATH = (
-    "add sub mul maximum minimum div_trunc div_floor rem mod bit_and bit_or bit_xor sum "
-    "sum_all compare __lt__ __le__ __gt__ __ge__"
-)
-_BOOL = "sum sum_all logical_and logical_or logical_xor logical_not band_mask"
-_TYPED_FLOAT = (
-    "zero_grad detach add sub mul div sum mean sum_all dot scale div_scalar split merge "
-    "flatten reshape slice_step flip roll stack repeat_axis __add__ __radd__ __sub__ __rsub__ "
-    "__mul__ __rmul__ __truediv__ __rtruediv__"
-)
-_HALF = (
-    "variable variable_from_slice grad grad_view add_scalar sub_scalar maximum minimum compare "
-    "logical_and logical_or logical_xor logical_not pad einsum neg __neg__ __pow__ "
-    "__lt__ __le__ __gt__ __ge__ "
-    # the widened forward set (compute through f32, narrow once; reductions -> f32)
-    "unary relu exp sqrt rsqrt sigmoid silu log log1p abs __abs__ sin cos tanh fast_tanh "
-    "softcap30 softcap15 gelu quick_gelu elu gelu_erf floor ceil round sign reciprocal "
-    "leaky_relu clamp pow_scalar cumsum cumprod where masked_fill max min prod variance "
-    "logsumexp argmax softmax log_softmax"
-)
-_F32 = (
-    "variable variable_from_slice from_slice from_borrowed_slice from_borrowed_const_slice "
-    "empty zeros ones full scalar empty_like zeros_like ones_like full_like arange linspace "
-    "one_hot eye rand uniform randn normal bernoulli gumbel item detach contiguous zero_grad "
-    "backward backward_with_grad grad grad_view view_with_strides align_to permute_to "
-    "transpose insert_axis squeeze split merge reshape broadcast_to narrow select slice "
-    "slice_step flatten gather index_select masked_select masked_scatter nonzero flip roll "
-    "roll_by shift_by concat stack unbind unbind_into repeat_axis pad zero_pad2d "
-    "constant_pad2d set_slice set_rows index_add take_along_axis scatter_add scatter "
-    "zero_slice zero_rows diagonal diag diag_embed trace "
-    "add sub mul div maximum minimum scale add_scalar sub_scalar div_scalar neg compare "
-    "logical_and logical_or logical_xor logical_not sum mean sum_all sum_many dot einsum "
-    "matmul add_dot cross_entropy softmax log_softmax "
-    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __neg__ "
-    "__pow__ __lt__ __le__ __gt__ __ge__ "
-    # unary / parameterized elementwise (§4.3, §4.4)
-    "pow pow_scalar unary relu leaky_relu exp sqrt rsqrt sigmoid silu log log1p abs __abs__ "
-    "sin cos tanh fast_tanh softcap30 softcap15 gelu quick_gelu elu gelu_erf floor ceil round "
-    "sign reciprocal clamp clamp_min clamp_max dropout "
-    # masks and conditionals (§4.6)
-    "where masked_fill isnan isinf isfinite band_part tril triu "
-    # reductions and scans (§4.7, argmax §4.16)
-    "max min prod variance norm norm_all logsumexp any all any_all all_all cumsum cumprod "
-    "argmax"
-)
-_QUANT = "from_blocks from_storage_slice from_borrowed_blocks concat get_rows"
+from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
+from .softmax import Softmax
+from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
+from .unary import UnaryF32, UnaryMath
+from .views import AxisViews, Retag, SplitMerge, StridedViews
+
+__all__ = [
+    "BoolTensor",
+    "F32Tensor",
+    "F64Tensor",
+    "F8Tensor",
+    "HalfTensor",
+    "I64Tensor",
+    "IntTensor",
+    "QuantTensor",
+    "branch_for",
+]
 
 
-def _names(*groups: str) -> list[str]:
-    out: list[str] = []
-    for g in groups:
-        for n in g.split():
-            if n not in out:
-                out.append(n)
-    return out
+class F32Tensor(
+    Losses, Softmax, Matmul, Einsum, Dot,
+    F32Reductions, FloatReductions, Sum,
+    MaskOps, Select, UnaryF32, UnaryMath,
+    Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
+    Backward, GradAccess, Detach, Cast,
+    F32Constructors, Variables, Filled, Wrap,
+    IndexedOps, Padding, Rearrange, RowEdits, Concat,
+    StridedViews, SplitMerge, AxisViews, Retag, ItemAccess,
+    Tensor,
+):
+    """An f32 tensor: the full, differentiable surface."""
+
+    __slots__ = ()
 
 
-def _branch(name: str, *groups: str) -> type:
-    ns: dict[str, Any] = {"__slots__": (), "__module__": "fucina"}
-    for n in _names(*groups):
-        ns[n] = POOL[n]
-    return type(Tensor)(name, (Tensor,), ns)
+class HalfTensor(
+    Softmax, Einsum, Dot,
+    FloatReductions, HalfSum,
+    Select, UnaryMath,
+    Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
+    GradAccess, Detach, Cast,
+    Variables, Filled, Wrap,
+    Padding, Rearrange, RowEdits, Concat,
+    SplitMerge, AxisViews, Retag, ItemAccess,
+    Tensor,
+):
+    """An f16 or bf16 tensor: forward math computed through f32 and rounded once
+    (reductions return f32); variables receive f32 gradients."""
+
+    __slots__ = ()
 
 
-F32Tensor = _branch("F32Tensor", _COMMON, _F32)
-HalfTensor = _branch("HalfTensor", _COMMON, _SCALAR_CONST, _TYPED_FLOAT, _HALF)
-F64Tensor = _branch("F64Tensor", _COMMON, _SCALAR_CONST, _TYPED_FLOAT)
-IntTensor = _branch("IntTensor", _COMMON, _SCALAR_CONST, _INT_MATH)
-I64Tensor = _branch("I64Tensor", _COMMON, _SCALAR_CONST, _INT_MATH, "randint randperm")
-BoolTensor = _branch("BoolTensor", _COMMON, _SCALAR_CONST, _BOOL)
-F8Tensor = _branch("F8Tensor", _COMMON, _SCALAR_CONST)
-QuantTensor = _branch("QuantTensor", _COMMON, _QUANT)
+class F64Tensor(
+    Dot, Sum,
+    FloatArithmetic, Arithmetic,
+    Detach, Cast,
+    Filled, Wrap,
+    Rearrange, RowEdits, Concat,
+    SplitMerge, AxisViews, Retag, ItemAccess,
+    Tensor,
+):
+    """An f64 tensor: constants, structure and forward arithmetic."""
+
+    __slots__ = ()
 
 
-def branch_for(dtype: DType) -> type:
+class IntTensor(
+    IntegerMath, Ordering, Arithmetic, CountSum,
+    Cast,
+    Filled, Wrap,
+    RowEdits, Concat,
+    AxisViews, Retag, ItemAccess,
+    Tensor,
+):
+    """A u8/u16/i8/i16/i32 tensor: constants, basic structure, wrapping integer math."""
+
+    __slots__ = ()
+
+
+class I64Tensor(
+    IndexConstructors,
+    IntegerMath, Ordering, Arithmetic, CountSum,
+    Cast,
+    Filled, Wrap,
+    RowEdits, Concat,
+    AxisViews, Retag, ItemAccess,
+    Tensor,
+):
+    """An i64 tensor: the integer surface plus random integers and permutations."""
+
+    __slots__ = ()
+
+
+class BoolTensor(
+    BoolOperators, Logic, CountSum,
+    Cast,
+    MaskConstructors, Filled, Wrap,
+    RowEdits, Concat,
+    AxisViews, Retag, ItemAccess,
+    Tensor,
+):
+    """A bool tensor (a mask): constants, basic structure, logic, counts."""
+
+    __slots__ = ()
+
+
+class F8Tensor(
+    Cast,
+    Filled, Wrap,
+    RowEdits, Concat,
+    AxisViews, Retag, ItemAccess,
+    Tensor,
+):
+    """An FP8 (f8_e4m3, f8_e5m2) tensor: storage only; convert with ``to``."""
+
+    __slots__ = ()
+
+
+class QuantTensor(
+    BlockRows, BlockConstructors,
+    Cast, Wrap,
+    Concat, Retag,
+    Tensor,
+):
+    """A block-quantized tensor (GGML formats): blocks, dequantization, row access."""
+
+    __slots__ = ()
+
+
+def branch_for(dtype: DType) -> type[Tensor]:
     """The branch class a dtype's tensor types derive from."""
     if dtype is DType.f32:
         return F32Tensor

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import rng
+from ..argnames import explain
 from ..dtypes import DType
-from ..errors import IndexOutOfBounds, InvalidDataLength, InvalidShape, TagError
+from ..errors import IndexOutOfBounds, InvalidDataLength, InvalidShape, ShapeMismatch, TagError
 from ..ir.graph import leaf
 from ..runtime.context import ExecContext, values_array
 from ..runtime.raw import RawTensor, check_shape
-from .base import POOL, classmethod_, method, new
+from .base import Tensor, new
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    _Values = Sequence[float] | np.ndarray
 
 
 def _ctx(ctx: Any) -> ExecContext:
     if not isinstance(ctx, ExecContext):
-        raise TypeError(f"the first argument must be an ExecContext, got {type(ctx).__name__}")
+        raise TypeError(explain(ctx, "an ExecContext (constructors take the context first)"))
     return ctx
 
 
-def _shape(cls: Any, shape: Any) -> tuple[int, ...]:
+def _shape(cls: Any, shape: Sequence[int]) -> tuple[int, ...]:
     return check_shape(shape, cls.tensor_rank)
 
 
@@ -30,14 +37,26 @@ def _wrap_raw(cls: Any, ctx: ExecContext, raw: RawTensor, variable: bool = False
     return new(cls, leaf(raw, cls.axis_tags, variable), ctx, op_result=False)
 
 
-def _from_values(cls: Any, ctx: Any, shape: Any, values: Any) -> RawTensor:
+def _check_layout(shp: tuple[int, ...], values: Any, what: str) -> None:
+    """A multi-dimensional array must have exactly the given shape (never reshaped)."""
+    if isinstance(values, np.ndarray) and values.ndim > 1 and values.shape != shp:
+        raise ShapeMismatch(f"{what}: the array has shape {values.shape}, the tensor shape is "
+                            f"{shp}; pass a flat sequence or reshape explicitly")
+
+
+def _from_values(cls: Any, ctx: Any, shape: Sequence[int], values: Any) -> RawTensor:
     shp = _shape(cls, shape)
+    if cls.dtype.is_block:
+        return RawTensor.from_array(cls.dtype, values_array(cls.dtype, shp, values), shp)
+    if isinstance(values, (list, tuple)) and values and isinstance(values[0], (list, tuple)):
+        values = np.asarray(values)
+    _check_layout(shp, values, "values")
     return RawTensor.from_array(cls.dtype, values_array(cls.dtype, shp, values), shp)
 
 
 def _check_raw(cls: Any, raw: Any) -> RawTensor:
     if not isinstance(raw, RawTensor):
-        raise TypeError(f"expected a fucina.internal.RawTensor, got {type(raw).__name__}")
+        raise TypeError(explain(raw, "a fucina.internal.RawTensor (from ctx.from_slice, ...)"))
     if raw.dtype is not cls.dtype:
         raise InvalidShape(f"raw tensor has dtype {raw.dtype.value}, type is {cls.dtype.value}")
     if cls.tag_count == 0:
@@ -55,129 +74,23 @@ def _check_raw(cls: Any, raw: Any) -> RawTensor:
 # -- wrapping raw tensors ----------------------------------------------------------
 
 
-@classmethod_
-def constant(cls: Any, ctx: Any, value: Any) -> Any:
-    """Wrap a context-made raw tensor as a no-grad constant."""
-    return _wrap_raw(cls, _ctx(ctx), _check_raw(cls, value))
-
-
-POOL["from_tensor"] = POOL["constant"]
-
-
-@classmethod_
-def variable(cls: Any, ctx: Any, value: Any) -> Any:
-    """Wrap a raw tensor as a trainable leaf (f16/bf16 leaves get f32 gradients)."""
-    return _wrap_raw(cls, _ctx(ctx), _check_raw(cls, value), variable=True)
-
-
-@classmethod_
-def variable_from_slice(cls: Any, ctx: Any, shape: Any, values: Any) -> Any:
-    """Copy ``values`` into a new trainable leaf."""
-    return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, values), variable=True)
-
-
-@classmethod_
-def from_slice(cls: Any, ctx: Any, shape: Any, values: Any) -> Any:
-    """Copy ``values`` (any flat sequence or array) into a new constant."""
-    return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, values))
-
-
-def _borrow(cls: Any, ctx: Any, shape: Any, array: Any, readonly: bool) -> Any:
+def _borrow(cls: Any, ctx: Any, shape: Sequence[int], array: Any, readonly: bool) -> Any:
     shp = _shape(cls, shape)
     if not isinstance(array, np.ndarray):
-        raise TypeError(f"borrowed storage must be a numpy array, got {type(array).__name__}")
+        raise TypeError(explain(array, "a numpy array (borrowed storage)"))
+    if not cls.dtype.is_block:
+        _check_layout(shp, array, "borrowed array")
     if not readonly and not array.flags.writeable:
         raise InvalidDataLength("from_borrowed_slice needs a writable array")
     raw = RawTensor.from_array(cls.dtype, array, shp, borrow=True, readonly=readonly)
     return _wrap_raw(cls, _ctx(ctx), raw)
 
 
-@classmethod_
-def from_borrowed_slice(cls: Any, ctx: Any, shape: Any, array: Any) -> Any:
-    """Zero-copy over a writable numpy array: mutations show through both."""
-    return _borrow(cls, ctx, shape, array, readonly=False)
-
-
-@classmethod_
-def from_borrowed_const_slice(cls: Any, ctx: Any, shape: Any, array: Any) -> Any:
-    """Zero-copy, read-only over a numpy array (never written through)."""
-    return _borrow(cls, ctx, shape, array, readonly=True)
-
-
-@classmethod_
-def from_blocks(cls: Any, ctx: Any, shape: Any, blocks: Any) -> Any:
-    """Copy a structured array of GGML blocks; ``shape`` counts logical elements."""
-    return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, blocks))
-
-
-POOL["from_storage_slice"] = POOL["from_blocks"]
-
-
-@classmethod_
-def from_borrowed_blocks(cls: Any, ctx: Any, shape: Any, blocks: Any) -> Any:
-    """Zero-copy over a structured array of blocks."""
-    return _borrow(cls, ctx, shape, blocks, readonly=False)
-
-
 # -- filled ------------------------------------------------------------------------
 
 
-@classmethod_
-def empty(cls: Any, ctx: Any, shape: Any) -> Any:
-    """Uninitialized storage."""
-    return _wrap_raw(cls, _ctx(ctx), RawTensor.empty(cls.dtype, _shape(cls, shape)))
-
-
-def _full(cls: Any, ctx: Any, shape: Any, value: Any) -> Any:
+def _full(cls: Any, ctx: Any, shape: Sequence[int], value: float) -> Any:
     return _wrap_raw(cls, _ctx(ctx), ctx.full_typed(cls.dtype, _shape(cls, shape), value))
-
-
-@classmethod_
-def zeros(cls: Any, ctx: Any, shape: Any) -> Any:
-    """All zeros."""
-    return _full(cls, ctx, shape, 0)
-
-
-@classmethod_
-def ones(cls: Any, ctx: Any, shape: Any) -> Any:
-    """All ones."""
-    return _full(cls, ctx, shape, 1)
-
-
-@classmethod_
-def full(cls: Any, ctx: Any, shape: Any, value: float) -> Any:
-    """Every element ``value``."""
-    return _full(cls, ctx, shape, value)
-
-
-@classmethod_
-def scalar(cls: Any, ctx: Any, value: float) -> Any:
-    """A single-element tensor holding ``value``."""
-    return _full(cls, ctx, (1,) * cls.tensor_rank, value)
-
-
-@method
-def empty_like(self: Any) -> Any:
-    """Uninitialized, same type and shape."""
-    return type(self).empty(self._ctx, self.shape)
-
-
-@method
-def zeros_like(self: Any) -> Any:
-    """Zeros, same type and shape."""
-    return type(self).zeros(self._ctx, self.shape)
-
-
-@method
-def ones_like(self: Any) -> Any:
-    """Ones, same type and shape."""
-    return type(self).ones(self._ctx, self.shape)
-
-
-@method
-def full_like(self: Any, value: float) -> Any:
-    """``value`` everywhere, same type and shape."""
-    return type(self).full(self._ctx, self.shape, value)
 
 
 # -- ranges and structured constants ----------------------------------------------
@@ -192,77 +105,10 @@ def _leaf_f32(cls: Any, ctx: Any, arr: np.ndarray) -> Any:
     return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(cls.dtype, arr.astype(np.float32)))
 
 
-@classmethod_
-def arange(cls: Any, ctx: Any, start: float, end: float, step: float = 1.0) -> Any:
-    """torch.arange: element i is start + i*step, end exclusive."""
-    _need_tags(cls, 1, "arange")
-    if step == 0 or not all(math.isfinite(v) for v in (start, end, step)):
-        raise InvalidShape(f"arange needs a finite nonzero step, got {start}, {end}, {step}")
-    n = math.ceil((end - start) / step)
-    if n <= 0:
-        raise InvalidShape(f"arange({start}, {end}, {step}) is empty")
-    return _leaf_f32(cls, ctx, start + np.arange(n, dtype=np.float64) * step)
-
-
-@classmethod_
-def linspace(cls: Any, ctx: Any, start: float, end: float, steps: int) -> Any:
-    """torch.linspace: ``steps`` values, end inclusive and exact."""
-    _need_tags(cls, 1, "linspace")
-    if not isinstance(steps, int) or steps <= 0:
-        raise InvalidShape(f"linspace needs steps >= 1, got {steps!r}")
-    vals = np.linspace(start, end, steps, dtype=np.float64)
-    vals[-1] = end if steps > 1 else start
-    return _leaf_f32(cls, ctx, vals)
-
-
-@classmethod_
-def one_hot(cls: Any, ctx: Any, indices: Any, depth: int) -> Any:
-    """[len(indices), depth] one-hot rows (first tag rows, second classes)."""
-    _need_tags(cls, 2, "one_hot")
-    if not isinstance(depth, int) or depth <= 0:
-        raise InvalidShape(f"one_hot needs depth >= 1, got {depth!r}")
-    idx = np.asarray(indices)
-    if idx.size == 0:
-        raise InvalidShape("one_hot needs at least one index")
-    if not np.issubdtype(idx.dtype, np.integer):
-        raise InvalidDataLength(f"one_hot indices must be integers, got {idx.dtype}")
-    idx = idx.reshape(-1).astype(np.int64)
-    bad = (idx < 0) | (idx >= depth)
-    if bad.any():
-        raise IndexOutOfBounds(f"one_hot index {int(idx[np.argmax(bad)])} >= depth {depth}")
-    out = np.zeros((idx.size, depth), dtype=np.float32)
-    out[np.arange(idx.size), idx] = 1
-    return _leaf_f32(cls, ctx, out)
-
-
-@classmethod_
-def eye(cls: Any, ctx: Any, n: int) -> Any:
-    """The [n, n] identity (first tag rows, second columns)."""
-    _need_tags(cls, 2, "eye")
-    if not isinstance(n, int) or n <= 0:
-        raise InvalidShape(f"eye needs n >= 1, got {n!r}")
-    return _leaf_f32(cls, ctx, np.eye(n, dtype=np.float32))
-
-
-@classmethod_
-def band_mask(cls: Any, ctx: Any, shape: Any, lower: int | None, upper: int | None) -> Any:
-    """bool mask: (i, j) true iff i - j <= lower and j - i <= upper (None: unbounded)."""
-    _need_tags(cls, 2, "band_mask")
-    shp = _shape(cls, shape)
-    i = np.arange(shp[0])[:, None]
-    j = np.arange(shp[1])[None, :]
-    keep = np.ones(shp, dtype=bool)
-    if lower is not None:
-        keep &= (i - j) <= lower
-    if upper is not None:
-        keep &= (j - i) <= upper
-    return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(DType.bool, keep))
-
-
 # -- counter-based random constructors ---------------------------------------------
 
 
-def _random(cls: Any, ctx: Any, shape: Any, fill: Any, *args: Any) -> Any:
+def _random(cls: Any, ctx: Any, shape: Sequence[int], fill: Any, *args: Any) -> Any:
     shp = _shape(cls, shape)
     out = np.empty(math.prod(shp), dtype=np.float32)
     try:
@@ -272,60 +118,275 @@ def _random(cls: Any, ctx: Any, shape: Any, fill: Any, *args: Any) -> Any:
     return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(cls.dtype, out, shp))
 
 
-@classmethod_
-def rand(cls: Any, ctx: Any, shape: Any, seed: int) -> Any:
-    """Uniform [0, 1) from the counter stream at ``seed``."""
-    return _random(cls, ctx, shape, rng.uniform_fill, seed, 0.0, 1.0)
+class Wrap(Tensor):
+    """Wrapping a context-made raw tensor (every branch)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def constant(cls, ctx: ExecContext, value: RawTensor) -> Self:
+        """Wrap a context-made raw tensor (``ctx.from_slice(...)``, ...) as a no-grad
+        constant of this type (same dtype, this type's rank)."""
+        return _wrap_raw(cls, _ctx(ctx), _check_raw(cls, value))
+
+    @classmethod
+    def from_tensor(cls, ctx: ExecContext, value: RawTensor) -> Self:
+        """Alias of :meth:`constant`."""
+        return _wrap_raw(cls, _ctx(ctx), _check_raw(cls, value))
 
 
-@classmethod_
-def uniform(cls: Any, ctx: Any, shape: Any, seed: int, lo: float, hi: float) -> Any:
-    """Uniform [lo, hi) from the counter stream at ``seed``."""
-    return _random(cls, ctx, shape, rng.uniform_fill, seed, lo, hi)
+class Filled(Tensor):
+    """Constructors from values, numpy arrays and fills (every scalar-dtype branch)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_slice(cls, ctx: ExecContext, shape: Sequence[int], values: _Values) -> Self:
+        """Copy ``values`` into a new constant of ``shape``: a flat sequence or array of
+        the right length, or an array of exactly ``shape`` (ShapeMismatch for a
+        multi-dimensional array of another shape: nothing is silently reshaped)."""
+        return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, values))
+
+    @classmethod
+    def from_numpy(cls, ctx: ExecContext, array: np.ndarray) -> Self:
+        """Copy a numpy array with one dimension per tag; the shape comes from the array
+        (a scalar type takes a 0-d or one-element array). Values convert to the dtype as
+        in :meth:`from_slice`; ``from_borrowed_slice`` is the zero-copy form."""
+        if not isinstance(array, np.ndarray):
+            raise TypeError(explain(array, "a numpy array"))
+        if array.ndim != cls.tag_count and not (cls.tag_count == 0 and array.size == 1):
+            raise ShapeMismatch(
+                f"from_numpy: {cls!r} has {cls.tag_count} axes, the array has {array.ndim} "
+                f"dimensions (shape {array.shape})")
+        shape = array.shape if cls.tag_count else (1,)
+        return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, array.reshape(-1)))
+
+    @classmethod
+    def from_borrowed_const_slice(cls, ctx: ExecContext, shape: Sequence[int],
+                                  array: np.ndarray) -> Self:
+        """Zero-copy, read-only over a numpy array (never written through)."""
+        return _borrow(cls, ctx, shape, array, readonly=True)
+
+    @classmethod
+    def empty(cls, ctx: ExecContext, shape: Sequence[int]) -> Self:
+        """Uninitialized storage."""
+        return _wrap_raw(cls, _ctx(ctx), RawTensor.empty(cls.dtype, _shape(cls, shape)))
+
+    @classmethod
+    def zeros(cls, ctx: ExecContext, shape: Sequence[int]) -> Self:
+        """All zeros."""
+        return _full(cls, ctx, shape, 0)
+
+    @classmethod
+    def ones(cls, ctx: ExecContext, shape: Sequence[int]) -> Self:
+        """All ones."""
+        return _full(cls, ctx, shape, 1)
+
+    def empty_like(self) -> Self:
+        """Uninitialized, same type and shape."""
+        return type(self).empty(self._ctx, self.shape)
+
+    def zeros_like(self) -> Self:
+        """Zeros, same type and shape."""
+        return type(self).zeros(self._ctx, self.shape)
+
+    def ones_like(self) -> Self:
+        """Ones, same type and shape."""
+        return type(self).ones(self._ctx, self.shape)
 
 
-@classmethod_
-def randn(cls: Any, ctx: Any, shape: Any, seed: int) -> Any:
-    """Standard normal (Box-Muller) from the counter stream at ``seed``."""
-    return _random(cls, ctx, shape, rng.gaussian_fill, seed, 1.0)
+class Variables(Tensor):
+    """Trainable leaves (f32; f16/bf16 leaves get f32 gradients)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def variable(cls, ctx: ExecContext, value: RawTensor) -> Self:
+        """Wrap a raw tensor as a trainable leaf (f16/bf16 leaves get f32 gradients)."""
+        return _wrap_raw(cls, _ctx(ctx), _check_raw(cls, value), variable=True)
+
+    @classmethod
+    def variable_from_slice(cls, ctx: ExecContext, shape: Sequence[int], values: _Values,
+                            ) -> Self:
+        """Copy ``values`` into a new trainable leaf."""
+        return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, values), variable=True)
 
 
-@classmethod_
-def normal(cls: Any, ctx: Any, shape: Any, seed: int, mean: float, std: float) -> Any:
-    """Normal(mean, std) from the counter stream at ``seed``."""
-    return _random(cls, ctx, shape, rng.normal_fill, seed, mean, std)
+class F32Constructors(Tensor):
+    """Fills, ranges, structured constants and counter-based random tensors (f32)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_borrowed_slice(cls, ctx: ExecContext, shape: Sequence[int], array: np.ndarray,
+                            ) -> Self:
+        """Zero-copy over a writable numpy array: mutations show through both."""
+        return _borrow(cls, ctx, shape, array, readonly=False)
+
+    @classmethod
+    def full(cls, ctx: ExecContext, shape: Sequence[int], value: float) -> Self:
+        """Every element ``value``."""
+        return _full(cls, ctx, shape, value)
+
+    @classmethod
+    def scalar(cls, ctx: ExecContext, value: float) -> Self:
+        """A single-element tensor holding ``value``."""
+        return _full(cls, ctx, (1,) * cls.tensor_rank, value)
+
+    def full_like(self, value: float) -> Self:
+        """``value`` everywhere, same type and shape."""
+        return type(self).full(self._ctx, self.shape, value)
+
+    @classmethod
+    def arange(cls, ctx: ExecContext, start: float, end: float, step: float = 1.0) -> Self:
+        """torch.arange: element i is start + i*step, end exclusive."""
+        _need_tags(cls, 1, "arange")
+        if step == 0 or not all(math.isfinite(v) for v in (start, end, step)):
+            raise InvalidShape(f"arange needs a finite nonzero step, got {start}, {end}, {step}")
+        n = math.ceil((end - start) / step)
+        if n <= 0:
+            raise InvalidShape(f"arange({start}, {end}, {step}) is empty")
+        return _leaf_f32(cls, ctx, start + np.arange(n, dtype=np.float64) * step)
+
+    @classmethod
+    def linspace(cls, ctx: ExecContext, start: float, end: float, steps: int) -> Self:
+        """torch.linspace: ``steps`` values, end inclusive and exact."""
+        _need_tags(cls, 1, "linspace")
+        if not isinstance(steps, int) or steps <= 0:
+            raise InvalidShape(f"linspace needs steps >= 1, got {steps!r}")
+        vals = np.linspace(start, end, steps, dtype=np.float64)
+        vals[-1] = end if steps > 1 else start
+        return _leaf_f32(cls, ctx, vals)
+
+    @classmethod
+    def one_hot(cls, ctx: ExecContext, indices: Sequence[int] | np.ndarray, depth: int,
+                ) -> Self:
+        """[len(indices), depth] one-hot rows (first tag rows, second classes)."""
+        _need_tags(cls, 2, "one_hot")
+        if not isinstance(depth, int) or depth <= 0:
+            raise InvalidShape(f"one_hot needs depth >= 1, got {depth!r}")
+        idx = np.asarray(indices)
+        if idx.size == 0:
+            raise InvalidShape("one_hot needs at least one index")
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise InvalidDataLength(f"one_hot indices must be integers, got {idx.dtype}")
+        idx = idx.reshape(-1).astype(np.int64)
+        bad = (idx < 0) | (idx >= depth)
+        if bad.any():
+            raise IndexOutOfBounds(f"one_hot index {int(idx[np.argmax(bad)])} >= depth {depth}")
+        out = np.zeros((idx.size, depth), dtype=np.float32)
+        out[np.arange(idx.size), idx] = 1
+        return _leaf_f32(cls, ctx, out)
+
+    @classmethod
+    def eye(cls, ctx: ExecContext, n: int) -> Self:
+        """The [n, n] identity (first tag rows, second columns)."""
+        _need_tags(cls, 2, "eye")
+        if not isinstance(n, int) or n <= 0:
+            raise InvalidShape(f"eye needs n >= 1, got {n!r}")
+        return _leaf_f32(cls, ctx, np.eye(n, dtype=np.float32))
+
+    @classmethod
+    def rand(cls, ctx: ExecContext, shape: Sequence[int], seed: int) -> Self:
+        """Uniform [0, 1) from the counter stream at ``seed``."""
+        return _random(cls, ctx, shape, rng.uniform_fill, seed, 0.0, 1.0)
+
+    @classmethod
+    def uniform(cls, ctx: ExecContext, shape: Sequence[int], seed: int, lo: float,
+                hi: float) -> Self:
+        """Uniform [lo, hi) from the counter stream at ``seed``."""
+        return _random(cls, ctx, shape, rng.uniform_fill, seed, lo, hi)
+
+    @classmethod
+    def randn(cls, ctx: ExecContext, shape: Sequence[int], seed: int) -> Self:
+        """Standard normal (Box-Muller) from the counter stream at ``seed``."""
+        return _random(cls, ctx, shape, rng.gaussian_fill, seed, 1.0)
+
+    @classmethod
+    def normal(cls, ctx: ExecContext, shape: Sequence[int], seed: int, mean: float,
+               std: float) -> Self:
+        """Normal(mean, std) from the counter stream at ``seed``."""
+        return _random(cls, ctx, shape, rng.normal_fill, seed, mean, std)
+
+    @classmethod
+    def bernoulli(cls, ctx: ExecContext, shape: Sequence[int], seed: int, p: float) -> Self:
+        """1.0 where the [0, 1) draw at (seed, i) falls below ``p``."""
+        return _random(cls, ctx, shape, rng.bernoulli_fill, seed, p)
+
+    @classmethod
+    def gumbel(cls, ctx: ExecContext, shape: Sequence[int], seed: int) -> Self:
+        """Standard Gumbel(0, 1) noise over a strictly open uniform (always finite)."""
+        return _random(cls, ctx, shape, rng.gumbel_fill, seed)
 
 
-@classmethod_
-def bernoulli(cls: Any, ctx: Any, shape: Any, seed: int, p: float) -> Any:
-    """1.0 where the [0, 1) draw at (seed, i) falls below ``p``."""
-    return _random(cls, ctx, shape, rng.bernoulli_fill, seed, p)
+class IndexConstructors(Tensor):
+    """Random integers and permutations (i64)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def randint(cls, ctx: ExecContext, shape: Sequence[int], seed: int, low: int,
+                high: int) -> Self:
+        """Uniform integers over [low, high) by multiply-shift."""
+        shp = _shape(cls, shape)
+        out = np.empty(math.prod(shp), dtype=np.int64)
+        try:
+            rng.randint_fill(seed, out, low, high)
+        except ValueError as e:
+            raise InvalidShape(str(e)) from None
+        return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(DType.i64, out, shp))
+
+    @classmethod
+    def randperm(cls, ctx: ExecContext, n: int, seed: int) -> Self:
+        """A Fisher-Yates permutation of 0..n-1 (single-tag types)."""
+        _need_tags(cls, 1, "randperm")
+        if not isinstance(n, int) or n <= 0:
+            raise InvalidShape(f"randperm needs n >= 1, got {n!r}")
+        out = np.empty(n, dtype=np.int64)
+        rng.randperm_fill(seed, out)
+        return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(DType.i64, out))
 
 
-@classmethod_
-def gumbel(cls: Any, ctx: Any, shape: Any, seed: int) -> Any:
-    """Standard Gumbel(0, 1) noise over a strictly open uniform (always finite)."""
-    return _random(cls, ctx, shape, rng.gumbel_fill, seed)
+class MaskConstructors(Tensor):
+    """Band masks (bool)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def band_mask(cls, ctx: ExecContext, shape: Sequence[int], lower: int | None,
+                  upper: int | None) -> Self:
+        """bool mask: (i, j) true iff i - j <= lower and j - i <= upper (None: unbounded)."""
+        _need_tags(cls, 2, "band_mask")
+        shp = _shape(cls, shape)
+        i = np.arange(shp[0])[:, None]
+        j = np.arange(shp[1])[None, :]
+        keep = np.ones(shp, dtype=bool)
+        if lower is not None:
+            keep &= (i - j) <= lower
+        if upper is not None:
+            keep &= (j - i) <= upper
+        return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(DType.bool, keep))
 
 
-@classmethod_
-def randint(cls: Any, ctx: Any, shape: Any, seed: int, low: int, high: int) -> Any:
-    """Uniform integers over [low, high) by multiply-shift."""
-    shp = _shape(cls, shape)
-    out = np.empty(math.prod(shp), dtype=np.int64)
-    try:
-        rng.randint_fill(seed, out, low, high)
-    except ValueError as e:
-        raise InvalidShape(str(e)) from None
-    return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(DType.i64, out, shp))
+class BlockConstructors(Tensor):
+    """Block-quantized tensors from GGML blocks."""
 
+    __slots__ = ()
 
-@classmethod_
-def randperm(cls: Any, ctx: Any, n: int, seed: int) -> Any:
-    """A Fisher-Yates permutation of 0..n-1 (single-tag types)."""
-    _need_tags(cls, 1, "randperm")
-    if not isinstance(n, int) or n <= 0:
-        raise InvalidShape(f"randperm needs n >= 1, got {n!r}")
-    out = np.empty(n, dtype=np.int64)
-    rng.randperm_fill(seed, out)
-    return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(DType.i64, out))
+    @classmethod
+    def from_blocks(cls, ctx: ExecContext, shape: Sequence[int], blocks: np.ndarray) -> Self:
+        """Copy a structured array of GGML blocks (``fucina.BlockQ8_0``, ...); ``shape``
+        counts logical elements (the innermost a multiple of the block size)."""
+        return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, blocks))
+
+    @classmethod
+    def from_storage_slice(cls, ctx: ExecContext, shape: Sequence[int], blocks: np.ndarray,
+                           ) -> Self:
+        """Alias of :meth:`from_blocks` (the seeds' name)."""
+        return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, blocks))
+
+    @classmethod
+    def from_borrowed_blocks(cls, ctx: ExecContext, shape: Sequence[int], blocks: np.ndarray,
+                             ) -> Self:
+        """Zero-copy over a structured array of blocks."""
+        return _borrow(cls, ctx, shape, blocks, readonly=False)

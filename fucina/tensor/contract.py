@@ -9,14 +9,18 @@ contraction through the same primitive.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import tags as T
 from ..dtypes import DType
 from ..errors import ShapeMismatch, TagError, UnsupportedGradient
 from ..ir.execute import emit
 from ..ir.graph import Node
-from .base import check_tensor, method, result, same_ctx, sizes_of
+from .base import Tensor, check_tensor, result, same_ctx, sizes_of, tensor_list
+from .math import binary
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 def _result_dtype(a: DType, b: DType) -> DType:
@@ -59,15 +63,7 @@ def contract_nodes(a: Any, an: Node, at: tuple[str, ...], b: Any, bn: Node,
                 shape=shape, dtype=dtype)
 
 
-def _check_grad(self: Any, other: Any) -> None:
-    if self.dtype is not DType.f32 and (self.requires_grad or other.requires_grad):
-        raise UnsupportedGradient(
-            f"{self.dtype.value} contractions are forward-only; cast with to('f32')")
-
-
-@method
-def dot(self: Any, other: Any, contract: str) -> Any:
-    """Contract ``contract`` (present in both); result tags batch ++ left free ++ right free."""
+def _dot(self: Any, other: Any, contract: str) -> Any:
     check_tensor(other)
     same_ctx(self, other)
     out = T.dot_result(self.axis_tags, other.axis_tags, T.check_tag(contract))
@@ -78,30 +74,17 @@ def dot(self: Any, other: Any, contract: str) -> Any:
     return result(self, out, node, dt)
 
 
-@method
-def einsum(self: Any, other: Any, out_tags: Any) -> Any:
-    """Two-operand einsum over named axes into ``out_tags``.
-
-    Shared tags kept in the output are batch axes, shared and dropped are
-    contracted, private and kept are free, private and dropped are summed.
-    """
-    check_tensor(other)
-    same_ctx(self, other)
-    out = T.einsum_validate(self.axis_tags, other.axis_tags, T.normalize_tags(out_tags))
-    dt = _result_dtype(self.dtype, other.dtype)
-    _check_grad(self, other)
-    node = contract_nodes(self, self._node, self.axis_tags, other, other._node,
-                          other.axis_tags, out, dt)
-    return result(self, out, node, dt)
+def _check_grad(self: Any, other: Any) -> None:
+    if self.dtype is not DType.f32 and (self.requires_grad or other.requires_grad):
+        raise UnsupportedGradient(
+            f"{self.dtype.value} contractions are forward-only; cast with to('f32')")
 
 
 def einsum_many(out_tags: Any, operands: Sequence[Any]) -> Any:
     """N-ary einsum over named axes: contract left to right into ``out_tags``."""
-    ops = list(operands)
+    ops = tensor_list(operands, "einsum operands")
     if not ops:
         raise TagError("einsum_many needs at least one operand")
-    for x in ops:
-        check_tensor(x)
     first = ops[0]
     same_ctx(first, *ops[1:])
     out = T.einsum_many_validate([x.axis_tags for x in ops], T.normalize_tags(out_tags))
@@ -139,55 +122,6 @@ def _ones_like_scalar(node: Node) -> Node:
 _KINDS = ("plain", "trans_a", "trans_b")
 
 
-@method
-def matmul(self: Any, other: Any, kind: str, out_tags: Any) -> Any:
-    """Positional GEMM: the caller picks ``kind`` and names the result axes.
-
-    Rank-2 operands: ``plain`` is [m,k]·[k,n], ``trans_b`` is [m,k]·[n,k]ᵀ.
-    Higher ranks are batched over their leading axes, which broadcast
-    (stride 0) like numpy's matmul; ``trans_a`` ([b..,k,m]ᵀ·[b..,k,n]) is
-    batched-only. The operands' storage order is the GEMM layout.
-    """
-    check_tensor(other)
-    same_ctx(self, other)
-    if kind not in _KINDS:
-        raise TagError(f"matmul kind must be one of {_KINDS}, got {kind!r}")
-    if self.dtype is not DType.f32 or other.dtype is not DType.f32:
-        raise TagError("matmul takes f32 operands; use dot for typed operands")
-    ra, rb = self.tag_count, other.tag_count
-    if ra < 2 or rb < 2:
-        raise TagError(f"matmul needs operands of rank >= 2, got ranks {ra} and {rb}")
-    if kind == "trans_a" and ra == 2 and rb == 2:
-        raise TagError("rank-2 trans_a matmul does not exist: use dot, whose tag algebra "
-                       "reaches the transposed-A GEMM")
-    sa, sb = self.shape, other.shape
-    ba, bb = sa[:-2], sb[:-2]
-    nb = max(len(ba), len(bb))
-    batch = []
-    for i in range(nb):
-        da = ba[i - nb + len(ba)] if i - nb + len(ba) >= 0 else 1
-        db = bb[i - nb + len(bb)] if i - nb + len(bb) >= 0 else 1
-        if da != db and 1 not in (da, db):
-            raise ShapeMismatch(f"matmul batch axis {i}: sizes {da} and {db} do not broadcast")
-        batch.append(max(da, db))
-    out = T.check_tags(T.normalize_tags(out_tags))
-    if len(out) != nb + 2:
-        raise TagError(f"matmul result has rank {nb + 2}, out_tags {out} has {len(out)} tags")
-    (m, k1) = (sa[-1], sa[-2]) if kind == "trans_a" else (sa[-2], sa[-1])
-    (k2, n) = (sb[-1], sb[-2]) if kind == "trans_b" else (sb[-2], sb[-1])
-    if k1 != k2:
-        raise ShapeMismatch(f"matmul contracts sizes {k1} and {k2}")
-    bl = tuple(range(nb))
-    M, N, K = nb, nb + 1, nb + 2
-    la = (M, K) if kind != "trans_a" else (K, M)
-    lb = (N, K) if kind == "trans_b" else (K, N)
-    an = _broadcast_batch(self, batch, nb)
-    bn = _broadcast_batch(other, batch, nb)
-    node = emit("contract", (an, bn), labels=(bl + la, bl + lb, bl + (M, N)),
-                shape=tuple(batch) + (m, n), dtype=DType.f32)
-    return result(self, out, node, DType.f32)
-
-
 def _broadcast_batch(x: Any, batch: list[int], nb: int) -> Node:
     """View ``x`` with its leading axes broadcast to ``batch`` (stride 0, no copy)."""
     node = x._node
@@ -208,21 +142,105 @@ def _broadcast_batch(x: Any, batch: list[int], nb: int) -> Node:
     return emit("view", (node,), shape=shape, coeffs=tuple(coeffs), base=(0,) * r)
 
 
-@method
-def add_dot(self: Any, a: Any, b: Any, contract: str) -> Any:
-    """``self + a·b`` contracting ``contract`` (torch.addmm): a [rows, contract],
-    b [contract, cols], self exactly [rows, cols]; f32, differentiable in all three."""
-    check_tensor(a, "a")
-    check_tensor(b, "b")
-    same_ctx(self, a, b)
-    for x in (self, a, b):
-        if x.dtype is not DType.f32:
-            raise TagError("add_dot takes f32 operands; compose dot and add for other dtypes")
-    if a.tag_count != 2 or b.tag_count != 2 or a.axis_tags[1] != contract \
-            or b.axis_tags[0] != contract:
-        raise TagError(f"add_dot needs a tagged [rows, {contract!r}] and b tagged "
-                       f"[{contract!r}, cols]; got {a.axis_tags} and {b.axis_tags}")
-    want = (a.axis_tags[0], b.axis_tags[1])
-    if self.axis_tags != want:
-        raise TagError(f"add_dot: self must be tagged exactly {want}, got {self.axis_tags}")
-    return self.add(a.dot(b, contract))
+class Dot(Tensor):
+    """Contraction by name (f32, f16, bf16, f64; f32 with an f16/bf16 right operand)."""
+
+    __slots__ = ()
+
+    def dot(self, other: Tensor, contract: str) -> Self:
+        """Contract ``contract`` (present in both); result tags batch ++ left free ++
+        right free. Operands share a dtype, except an f32 tensor with an f16/bf16
+        constant on the right (f32 result)."""
+        return _dot(self, other, contract)
+
+
+class Einsum(Tensor):
+    """Two-operand einsum over named axes (f32, f16, bf16)."""
+
+    __slots__ = ()
+
+    def einsum(self, other: Tensor, out_tags: Sequence[str]) -> Self:
+        """Two-operand einsum over named axes into ``out_tags``.
+
+        Shared tags kept in the output are batch axes, shared and dropped are
+        contracted, private and kept are free, private and dropped are summed.
+        """
+        check_tensor(other)
+        same_ctx(self, other)
+        out = T.einsum_validate(self.axis_tags, other.axis_tags, T.normalize_tags(out_tags))
+        dt = _result_dtype(self.dtype, other.dtype)
+        _check_grad(self, other)
+        node = contract_nodes(self, self._node, self.axis_tags, other, other._node,
+                              other.axis_tags, out, dt)
+        return result(self, out, node, dt)
+
+
+class Matmul(Tensor):
+    """Positional GEMM and fused multiply-add (f32)."""
+
+    __slots__ = ()
+
+    def matmul(self, other: Tensor, kind: str, out_tags: Sequence[str]) -> Self:
+        """Positional GEMM: the caller picks ``kind`` and names the result axes.
+
+        Rank-2 operands: ``plain`` is [m,k]·[k,n], ``trans_b`` is [m,k]·[n,k]ᵀ.
+        Higher ranks are batched over their leading axes, which broadcast
+        (stride 0) like numpy's matmul; ``trans_a`` ([b..,k,m]ᵀ·[b..,k,n]) is
+        batched-only. The operands' storage order is the GEMM layout.
+        """
+        check_tensor(other)
+        same_ctx(self, other)
+        if kind not in _KINDS:
+            raise TagError(f"matmul kind must be one of {_KINDS}, got {kind!r}")
+        if self.dtype is not DType.f32 or other.dtype is not DType.f32:
+            raise TagError("matmul takes f32 operands; use dot for typed operands")
+        ra, rb = self.tag_count, other.tag_count
+        if ra < 2 or rb < 2:
+            raise TagError(f"matmul needs operands of rank >= 2, got ranks {ra} and {rb}")
+        if kind == "trans_a" and ra == 2 and rb == 2:
+            raise TagError("rank-2 trans_a matmul does not exist: use dot, whose tag algebra "
+                           "reaches the transposed-A GEMM")
+        sa, sb = self.shape, other.shape
+        ba, bb = sa[:-2], sb[:-2]
+        nb = max(len(ba), len(bb))
+        batch = []
+        for i in range(nb):
+            da = ba[i - nb + len(ba)] if i - nb + len(ba) >= 0 else 1
+            db = bb[i - nb + len(bb)] if i - nb + len(bb) >= 0 else 1
+            if da != db and 1 not in (da, db):
+                raise ShapeMismatch(f"matmul batch axis {i}: sizes {da} and {db} do not broadcast")
+            batch.append(max(da, db))
+        out = T.check_tags(T.normalize_tags(out_tags))
+        if len(out) != nb + 2:
+            raise TagError(f"matmul result has rank {nb + 2}, out_tags {out} has {len(out)} tags")
+        (m, k1) = (sa[-1], sa[-2]) if kind == "trans_a" else (sa[-2], sa[-1])
+        (k2, n) = (sb[-1], sb[-2]) if kind == "trans_b" else (sb[-2], sb[-1])
+        if k1 != k2:
+            raise ShapeMismatch(f"matmul contracts sizes {k1} and {k2}")
+        bl = tuple(range(nb))
+        M, N, K = nb, nb + 1, nb + 2
+        la = (M, K) if kind != "trans_a" else (K, M)
+        lb = (N, K) if kind == "trans_b" else (K, N)
+        an = _broadcast_batch(self, batch, nb)
+        bn = _broadcast_batch(other, batch, nb)
+        node = emit("contract", (an, bn), labels=(bl + la, bl + lb, bl + (M, N)),
+                    shape=tuple(batch) + (m, n), dtype=DType.f32)
+        return result(self, out, node, DType.f32)
+
+    def add_dot(self, a: Tensor, b: Tensor, contract: str) -> Self:
+        """``self + a·b`` contracting ``contract`` (torch.addmm): a [rows, contract],
+        b [contract, cols], self exactly [rows, cols]; f32, differentiable in all three."""
+        check_tensor(a, "a")
+        check_tensor(b, "b")
+        same_ctx(self, a, b)
+        for x in (self, a, b):
+            if x.dtype is not DType.f32:
+                raise TagError("add_dot takes f32 operands; compose dot and add for other dtypes")
+        if a.tag_count != 2 or b.tag_count != 2 or a.axis_tags[1] != contract \
+                or b.axis_tags[0] != contract:
+            raise TagError(f"add_dot needs a tagged [rows, {contract!r}] and b tagged "
+                           f"[{contract!r}, cols]; got {a.axis_tags} and {b.axis_tags}")
+        want = (a.axis_tags[0], b.axis_tags[1])
+        if self.axis_tags != want:
+            raise TagError(f"add_dot: self must be tagged exactly {want}, got {self.axis_tags}")
+        return binary(self, _dot(a, b, contract), "add")

@@ -1,28 +1,43 @@
-"""Pointwise math, comparisons, logic and reductions, broadcasting by tag name."""
+"""Pointwise arithmetic, comparisons and logic, broadcasting by tag name, and the
+Python operators that spell them.
+
+Mixins here: :class:`Arithmetic` (add/sub/mul: float and integer branches),
+:class:`FloatArithmetic` (div and the scalar forms, float operators),
+:class:`ScalarMath` (f32/f16/bf16 scalar forms, negation, ``**``),
+:class:`Ordering` (compare, maximum/minimum), :class:`Logic`
+(logical_and/or/xor/not), :class:`BoolOperators` (``~ & | ^`` on bool),
+:class:`IntegerMath` (integer division, remainders, bitwise ops and their
+operators).
+"""
 
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import tags as T
 from ..dtypes import DType, reduction_dtype
 from ..errors import ShapeMismatch, TagError, UnsupportedGradient
 from ..ir.execute import emit
+from ..ir.graph import Node
 from .base import (
-    POOL,
+    Tensor,
     align_node,
     broadcast_sizes,
     check_tensor,
-    method,
     new,
     result,
     same_ctx,
     tensor_type,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
-def _forward_only(self: Any, *others: Any) -> None:
+    from .branches import BoolTensor
+
+
+def forward_only(self: Tensor, *others: Tensor) -> None:
     """Typed (non-f32) math is forward-only: reject graph operands instead of dropping them."""
     if self.dtype is DType.f32:
         return
@@ -49,7 +64,8 @@ def _binary_plan(self: Any, other: Any, fn: str) -> tuple[Any, ...]:
     return out, tensor_type(tags=out, dtype=self.dtype), shape, need_a, need_b
 
 
-def _binary(self: Any, other: Any, fn: str) -> Any:
+def binary(self: Any, other: Any, fn: str) -> Any:
+    """The ``binary`` primitive ``fn`` of two tensors, broadcasting by tag."""
     sn = self._node
     try:
         on = other._node
@@ -65,7 +81,7 @@ def _binary(self: Any, other: Any, fn: str) -> Any:
         plan = _BIN_PLANS[key] = _binary_plan(self, other, fn)
     out, cls, shape, need_a, need_b = plan
     if self.dtype is not DType.f32:
-        _forward_only(self, other)
+        forward_only(self, other)
     a = align_node(self, out, shape) if need_a else sn
     b = align_node(other, out, shape) if need_b else on
     node = emit("binary", (a, b), fn=fn)
@@ -73,202 +89,26 @@ def _binary(self: Any, other: Any, fn: str) -> Any:
     return new(cls, node, self._ctx)
 
 
-def _make_binary(fn: str, doc: str) -> None:
-    def op(self: Any, other: Any) -> Any:
-        return _binary(self, other, fn)
-
-    op.__name__ = fn
-    op.__doc__ = doc
-    POOL[fn] = op
-
-
-for _fn, _doc in [
-    ("add", "Elementwise sum, broadcasting by tag (result tags: self's, then other's new ones)."),
-    ("sub", "Elementwise difference, broadcasting by tag."),
-    ("mul", "Elementwise product, broadcasting by tag."),
-    ("div", "Elementwise quotient, broadcasting by tag."),
-    ("maximum", "Elementwise max; NaN propagates; ties split the gradient."),
-    ("minimum", "Elementwise min; NaN propagates; ties split the gradient."),
-    ("div_trunc", "Integer division toward zero (DivisionByZero on a zero divisor)."),
-    ("div_floor", "Integer division toward -inf (DivisionByZero on a zero divisor)."),
-    ("rem", "Remainder with the sign of the dividend (pairs div_trunc)."),
-    ("mod", "Remainder with the sign of the divisor (pairs div_floor)."),
-    ("bit_and", "Bitwise and of two's-complement patterns."),
-    ("bit_or", "Bitwise or of two's-complement patterns."),
-    ("bit_xor", "Bitwise xor of two's-complement patterns."),
-]:
-    _make_binary(_fn, _doc)
-
-
 def _number(v: Any, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{what} must be a real number, got {v!r}")
-    return v
+    return v  # type: ignore[return-value]  # a numbers.Real; kernels take any real
 
 
-def _scalar(self: Any, fn: str, value: Any) -> Any:
-    _forward_only(self)
+def _is_number(v: object) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def scalar_op(self: Any, fn: str, value: Any) -> Any:
+    """The ``scalar`` primitive: ``self <fn> value`` for a real Python number."""
+    forward_only(self)
     return result(self, self.axis_tags, emit("scalar", (self._node,), fn=fn,
                                              value=_number(value, "scalar")))
 
 
-@method
-def scale(self: Any, s: float) -> Any:
-    """x * s."""
-    return _scalar(self, "mul", s)
-
-
-@method
-def add_scalar(self: Any, s: float) -> Any:
-    """x + s."""
-    return _scalar(self, "add", s)
-
-
-@method
-def sub_scalar(self: Any, s: float) -> Any:
-    """x - s."""
-    return _scalar(self, "add", -_number(s, "scalar"))
-
-
-@method
-def div_scalar(self: Any, s: float) -> Any:
-    """x / s."""
-    return _scalar(self, "div", s)
-
-
-@method
-def neg(self: Any) -> Any:
-    """-x."""
-    _forward_only(self)
-    return result(self, self.axis_tags, emit("unary", (self._node,), fn="neg"))
-
-
-# -- Python operators (f32 and typed float branches) ---------------------------------
-
-
-def _operator(name: str, tensor_fn: str, scalar_fn: Any, rscalar: Any = None) -> None:
-    def op(self: Any, other: Any) -> Any:
-        if isinstance(other, numbers.Real) and not isinstance(other, bool):
-            return scalar_fn(self, other)
-        return getattr(self, tensor_fn)(other)
-
-    def rop(self: Any, other: Any) -> Any:
-        if isinstance(other, numbers.Real) and not isinstance(other, bool):
-            return rscalar(self, other)
-        return NotImplemented
-
-    op.__name__ = name
-    POOL[name] = op
-    if rscalar is not None:
-        rop.__name__ = "__r" + name[2:]
-        POOL[rop.__name__] = rop
-
-
-_operator("__add__", "add", lambda x, s: _scalar(x, "add", s), lambda x, s: _scalar(x, "add", s))
-_operator("__sub__", "sub", lambda x, s: _scalar(x, "add", -s), lambda x, s: _scalar(x, "rsub", s))
-_operator("__mul__", "mul", lambda x, s: _scalar(x, "mul", s), lambda x, s: _scalar(x, "mul", s))
-_operator("__truediv__", "div", lambda x, s: _scalar(x, "div", s),
-          lambda x, s: _scalar(x, "rdiv", s))
-
-
-@method
-def __neg__(self: Any) -> Any:
-    return self.neg()
-
-
-@method
-def __pow__(self: Any, s: float) -> Any:
-    return _scalar(self, "pow", s)
-
-
-# -- comparisons and logic -------------------------------------------------------------
-
-_CMP = ("eq", "ne", "lt", "le", "gt", "ge")
-
-
-@method
-def compare(self: Any, op: str, other: Any) -> Any:
-    """bool mask of ``self <op> other``; ``other`` a same-tagged tensor or a number."""
-    if op not in _CMP:
-        raise TagError(f"compare op must be one of {_CMP}, got {op!r}")
-    if isinstance(other, numbers.Real) and not isinstance(other, bool):
-        node = emit("compare", (self._node,), fn=op, value=other)
-        return result(self, self.axis_tags, node, DType.bool)
-    check_tensor(other)
-    same_ctx(self, other)
-    if other.dtype is not self.dtype:
-        raise TagError(f"compare requires matching dtypes ({self.dtype.value} vs "
-                       f"{other.dtype.value})")
-    b = _same_shape(self, other, "compare")
-    return result(self, self.axis_tags, emit("compare", (self._node, b), fn=op), DType.bool)
-
-
-def _same_shape(self: Any, other: Any, what: str) -> Any:
-    if set(other.axis_tags) != set(self.axis_tags):
-        raise TagError(f"{what} needs the same tags: {other.axis_tags} vs {self.axis_tags}")
-    sizes = dict(zip(other.axis_tags, other.shape))
-    for t, d in zip(self.axis_tags, self.shape):
-        if sizes[t] != d:
-            raise ShapeMismatch(f"{what}: tag {t!r} has sizes {d} and {sizes[t]}")
-    return align_node(other, self.axis_tags, self.shape)
-
-
-def _truth(x: Any, node: Any) -> Any:
-    if x.dtype is DType.bool:
-        return node
-    return emit("compare", (node,), fn="ne", value=0)
-
-
-def _logical(self: Any, other: Any, fn: str) -> Any:
-    check_tensor(other)
-    same_ctx(self, other)
-    b = _same_shape(self, other, fn)
-    node = emit("binary", (_truth(self, self._node), _truth(other, b)), fn=fn)
-    return result(self, self.axis_tags, node, DType.bool)
-
-
-@method
-def logical_and(self: Any, other: Any) -> Any:
-    """Elementwise and of truthiness (!= 0), bool result."""
-    return _logical(self, other, "logical_and")
-
-
-@method
-def logical_or(self: Any, other: Any) -> Any:
-    """Elementwise or of truthiness, bool result."""
-    return _logical(self, other, "logical_or")
-
-
-@method
-def logical_xor(self: Any, other: Any) -> Any:
-    """Elementwise xor of truthiness, bool result."""
-    return _logical(self, other, "logical_xor")
-
-
-@method
-def logical_not(self: Any) -> Any:
-    """Elementwise not of truthiness, bool result."""
-    node = emit("unary", (_truth(self, self._node),), fn="logical_not")
-    return result(self, self.axis_tags, node, DType.bool)
-
-
-def _cmp_operator(name: str, op: str) -> None:
-    def fn(self: Any, other: Any) -> Any:
-        return self.compare(op, other)
-
-    fn.__name__ = name
-    POOL[name] = fn
-
-
-for _name, _op in [("__lt__", "lt"), ("__le__", "le"), ("__gt__", "gt"), ("__ge__", "ge")]:
-    _cmp_operator(_name, _op)
-
-
-# -- reductions ----------------------------------------------------------------------------
-
-
-def _reduce(self: Any, tags_: tuple[str, ...], fn: str) -> Any:
-    _forward_only(self)
+def reduce_tags(self: Any, tags_: tuple[str, ...], fn: str) -> Any:
+    """Unmasked ``reduce`` over ``tags_`` (sum/mean widen per ``reduction_dtype``)."""
+    forward_only(self)
     for t in tags_:
         T.index(self.axis_tags, t)
     out = T.remove_tags(self.axis_tags, tags_)
@@ -278,13 +118,333 @@ def _reduce(self: Any, tags_: tuple[str, ...], fn: str) -> Any:
     return result(self, out, node, dt)
 
 
-@method
-def sum_all(self: Any) -> Any:
-    """Sum of every element as a scalar tensor."""
-    return _reduce(self, self.axis_tags, "sum")
+def same_shape(self: Any, other: Any, what: str) -> Node:
+    """``other`` aligned to ``self``: the same tags (any order) and sizes."""
+    if set(other.axis_tags) != set(self.axis_tags):
+        raise TagError(f"{what} needs the same tags: {other.axis_tags} vs {self.axis_tags}")
+    sizes = dict(zip(other.axis_tags, other.shape))
+    for t, d in zip(self.axis_tags, self.shape):
+        if sizes[t] != d:
+            raise ShapeMismatch(f"{what}: tag {t!r} has sizes {d} and {sizes[t]}")
+    return align_node(other, self.axis_tags, self.shape)
 
 
-@method
-def sum_many(self: Any, tags_: Any) -> Any:
-    """Sum over several tags at once."""
-    return _reduce(self, T.check_tags(T.normalize_tags(tags_)), "sum")
+def _truth(x: Any, node: Node) -> Node:
+    if x.dtype is DType.bool:
+        return node
+    return emit("compare", (node,), fn="ne", value=0)
+
+
+def _logical(self: Any, other: Any, fn: str) -> Any:
+    check_tensor(other)
+    same_ctx(self, other)
+    b = same_shape(self, other, fn)
+    node = emit("binary", (_truth(self, self._node), _truth(other, b)), fn=fn)
+    return result(self, self.axis_tags, node, DType.bool)
+
+
+def _no_scalar(self: Any, op: str) -> TypeError:
+    return TypeError(
+        f"'{op}' on {self.dtype.value} tensors takes another {self.dtype.value} tensor; "
+        f"Python numbers combine with float tensors only")
+
+
+# -- add / sub / mul: every numeric branch but bool and f8 ----------------------------
+
+
+class Arithmetic(Tensor):
+    """Elementwise add, sub and mul, broadcasting by tag (float and integer branches;
+    integers wrap)."""
+
+    __slots__ = ()
+
+    def add(self, other: Tensor) -> Self:
+        """Elementwise sum, broadcasting by tag (result tags: self's, then other's new
+        ones; a tag of size 1 stretches)."""
+        return binary(self, other, "add")
+
+    def sub(self, other: Tensor) -> Self:
+        """Elementwise difference, broadcasting by tag."""
+        return binary(self, other, "sub")
+
+    def mul(self, other: Tensor) -> Self:
+        """Elementwise product, broadcasting by tag."""
+        return binary(self, other, "mul")
+
+
+# -- float arithmetic (f32, f16/bf16, f64) ------------------------------------------------
+
+
+class FloatArithmetic(Tensor):
+    """Division, scaling and the arithmetic operators of the float branches: ``a + b``
+    is :meth:`add`, and a Python number on either side uses the scalar form."""
+
+    __slots__ = ()
+
+    def div(self, other: Tensor) -> Self:
+        """Elementwise quotient, broadcasting by tag."""
+        return binary(self, other, "div")
+
+    def scale(self, s: float) -> Self:
+        """x * s."""
+        return scalar_op(self, "mul", s)
+
+    def div_scalar(self, s: float) -> Self:
+        """x / s."""
+        return scalar_op(self, "div", s)
+
+    def __add__(self, other: Tensor | float) -> Self:
+        if isinstance(other, Tensor):
+            return binary(self, other, "add")
+        if _is_number(other):
+            return scalar_op(self, "add", other)
+        return NotImplemented
+
+    def __radd__(self, other: float) -> Self:
+        if _is_number(other):
+            return scalar_op(self, "add", other)
+        return NotImplemented
+
+    def __sub__(self, other: Tensor | float) -> Self:
+        if isinstance(other, Tensor):
+            return binary(self, other, "sub")
+        if _is_number(other):
+            return scalar_op(self, "add", -other)
+        return NotImplemented
+
+    def __rsub__(self, other: float) -> Self:
+        if _is_number(other):
+            return scalar_op(self, "rsub", other)
+        return NotImplemented
+
+    def __mul__(self, other: Tensor | float) -> Self:
+        if isinstance(other, Tensor):
+            return binary(self, other, "mul")
+        if _is_number(other):
+            return scalar_op(self, "mul", other)
+        return NotImplemented
+
+    def __rmul__(self, other: float) -> Self:
+        if _is_number(other):
+            return scalar_op(self, "mul", other)
+        return NotImplemented
+
+    def __truediv__(self, other: Tensor | float) -> Self:
+        if isinstance(other, Tensor):
+            return binary(self, other, "div")
+        if _is_number(other):
+            return scalar_op(self, "div", other)
+        return NotImplemented
+
+    def __rtruediv__(self, other: float) -> Self:
+        if _is_number(other):
+            return scalar_op(self, "rdiv", other)
+        return NotImplemented
+
+
+# -- f32 / f16 / bf16 scalar forms ------------------------------------------------------------
+
+
+class ScalarMath(Tensor):
+    """Scalar add/sub, negation and ``x ** s`` (f32, f16, bf16)."""
+
+    __slots__ = ()
+
+    def add_scalar(self, s: float) -> Self:
+        """x + s."""
+        return scalar_op(self, "add", s)
+
+    def sub_scalar(self, s: float) -> Self:
+        """x - s."""
+        return scalar_op(self, "add", -_number(s, "scalar"))
+
+    def neg(self) -> Self:
+        """-x."""
+        forward_only(self)
+        return result(self, self.axis_tags, emit("unary", (self._node,), fn="neg"))
+
+    def __neg__(self) -> Self:
+        return self.neg()
+
+    def __pow__(self, s: float) -> Self:
+        return scalar_op(self, "pow", s)
+
+
+# -- comparisons and ordering --------------------------------------------------------------
+
+_CMP = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+class Ordering(Tensor):
+    """Comparisons (bool results; ``<``, ``<=``, ``>``, ``>=``), maximum and minimum
+    (f32, f16, bf16 and the integer branches). ``==``/``!=`` keep Python's identity."""
+
+    __slots__ = ()
+
+    def compare(self, op: str, other: Tensor | float) -> BoolTensor:
+        """bool mask of ``self <op> other`` (op one of "eq", "ne", "lt", "le", "gt",
+        "ge"); ``other`` a same-tagged tensor of self's dtype, or a number."""
+        if op not in _CMP:
+            raise TagError(f"compare op must be one of {_CMP}, got {op!r}")
+        if isinstance(other, numbers.Real) and not isinstance(other, bool):
+            node = emit("compare", (self._node,), fn=op, value=other)
+            return result(self, self.axis_tags, node, DType.bool)
+        check_tensor(other)
+        assert isinstance(other, Tensor)
+        same_ctx(self, other)
+        if other.dtype is not self.dtype:
+            raise TagError(f"compare requires matching dtypes ({self.dtype.value} vs "
+                           f"{other.dtype.value})")
+        b = same_shape(self, other, "compare")
+        return result(self, self.axis_tags, emit("compare", (self._node, b), fn=op), DType.bool)
+
+    def maximum(self, other: Tensor) -> Self:
+        """Elementwise max, broadcasting by tag; NaN propagates; ties split the gradient."""
+        return binary(self, other, "maximum")
+
+    def minimum(self, other: Tensor) -> Self:
+        """Elementwise min, broadcasting by tag; NaN propagates; ties split the gradient."""
+        return binary(self, other, "minimum")
+
+    def __lt__(self, other: Tensor | float) -> BoolTensor:
+        return self.compare("lt", other)
+
+    def __le__(self, other: Tensor | float) -> BoolTensor:
+        return self.compare("le", other)
+
+    def __gt__(self, other: Tensor | float) -> BoolTensor:
+        return self.compare("gt", other)
+
+    def __ge__(self, other: Tensor | float) -> BoolTensor:
+        return self.compare("ge", other)
+
+
+# -- logic -------------------------------------------------------------------------------
+
+
+class Logic(Tensor):
+    """Elementwise logic on truthiness (``!= 0``; NaN is true), bool results
+    (f32, f16, bf16, bool). Operands have the same tags (any order) and sizes."""
+
+    __slots__ = ()
+
+    def logical_and(self, other: Tensor) -> BoolTensor:
+        """Elementwise and of truthiness (!= 0), bool result."""
+        return _logical(self, other, "logical_and")
+
+    def logical_or(self, other: Tensor) -> BoolTensor:
+        """Elementwise or of truthiness, bool result."""
+        return _logical(self, other, "logical_or")
+
+    def logical_xor(self, other: Tensor) -> BoolTensor:
+        """Elementwise xor of truthiness, bool result."""
+        return _logical(self, other, "logical_xor")
+
+    def logical_not(self) -> BoolTensor:
+        """Elementwise not of truthiness, bool result."""
+        node = emit("unary", (_truth(self, self._node),), fn="logical_not")
+        return result(self, self.axis_tags, node, DType.bool)
+
+
+class BoolOperators(Tensor):
+    """``~m``, ``m & n``, ``m | n``, ``m ^ n`` on bool masks: the logical ops."""
+
+    __slots__ = ()
+
+    def __invert__(self) -> Self:
+        """``~m`` is :meth:`logical_not`."""
+        node = emit("unary", (self._node,), fn="logical_not")
+        return result(self, self.axis_tags, node, DType.bool)
+
+    def __and__(self, other: Tensor) -> Self:
+        """``m & n`` is :meth:`logical_and`."""
+        if not isinstance(other, Tensor):
+            raise _no_scalar(self, "&")
+        return _logical(self, other, "logical_and")
+
+    def __or__(self, other: Tensor) -> Self:
+        """``m | n`` is :meth:`logical_or`."""
+        if not isinstance(other, Tensor):
+            raise _no_scalar(self, "|")
+        return _logical(self, other, "logical_or")
+
+    def __xor__(self, other: Tensor) -> Self:
+        """``m ^ n`` is :meth:`logical_xor`."""
+        if not isinstance(other, Tensor):
+            raise _no_scalar(self, "^")
+        return _logical(self, other, "logical_xor")
+
+
+# -- integer math ------------------------------------------------------------------------------
+
+
+class IntegerMath(Tensor):
+    """Integer division and remainders (DivisionByZero on a zero divisor), bitwise ops,
+    and the integer operators ``+ - * // % & | ^`` on two tensors (wrapping)."""
+
+    __slots__ = ()
+
+    def div_trunc(self, other: Tensor) -> Self:
+        """Integer division toward zero (DivisionByZero on a zero divisor)."""
+        return binary(self, other, "div_trunc")
+
+    def div_floor(self, other: Tensor) -> Self:
+        """Integer division toward -inf (DivisionByZero on a zero divisor)."""
+        return binary(self, other, "div_floor")
+
+    def rem(self, other: Tensor) -> Self:
+        """Remainder with the sign of the dividend (pairs div_trunc)."""
+        return binary(self, other, "rem")
+
+    def mod(self, other: Tensor) -> Self:
+        """Remainder with the sign of the divisor (pairs div_floor)."""
+        return binary(self, other, "mod")
+
+    def bit_and(self, other: Tensor) -> Self:
+        """Bitwise and of two's-complement patterns."""
+        return binary(self, other, "bit_and")
+
+    def bit_or(self, other: Tensor) -> Self:
+        """Bitwise or of two's-complement patterns."""
+        return binary(self, other, "bit_or")
+
+    def bit_xor(self, other: Tensor) -> Self:
+        """Bitwise xor of two's-complement patterns."""
+        return binary(self, other, "bit_xor")
+
+    def _tensor_op(self, other: object, op: str, fn: str) -> Self:
+        if not isinstance(other, Tensor):
+            raise _no_scalar(self, op)
+        return binary(self, other, fn)
+
+    def __add__(self, other: Tensor) -> Self:
+        """``a + b`` is the wrapping :meth:`add`."""
+        return self._tensor_op(other, "+", "add")
+
+    def __sub__(self, other: Tensor) -> Self:
+        """``a - b`` is the wrapping :meth:`sub`."""
+        return self._tensor_op(other, "-", "sub")
+
+    def __mul__(self, other: Tensor) -> Self:
+        """``a * b`` is the wrapping :meth:`mul`."""
+        return self._tensor_op(other, "*", "mul")
+
+    def __floordiv__(self, other: Tensor) -> Self:
+        """``a // b`` is :meth:`div_floor` (Python's floor division)."""
+        return self._tensor_op(other, "//", "div_floor")
+
+    def __mod__(self, other: Tensor) -> Self:
+        """``a % b`` is :meth:`mod` (Python's sign of the divisor)."""
+        return self._tensor_op(other, "%", "mod")
+
+    def __and__(self, other: Tensor) -> Self:
+        """``a & b`` is :meth:`bit_and`."""
+        return self._tensor_op(other, "&", "bit_and")
+
+    def __or__(self, other: Tensor) -> Self:
+        """``a | b`` is :meth:`bit_or`."""
+        return self._tensor_op(other, "|", "bit_or")
+
+    def __xor__(self, other: Tensor) -> Self:
+        """``a ^ b`` is :meth:`bit_xor`."""
+        return self._tensor_op(other, "^", "bit_xor")

@@ -6,15 +6,17 @@ Every op records as a composition of primitives (``reduce``, ``scan``,
 rules. On f16/bf16 the input is widened to f32 first: reductions return f32,
 scans narrow back once, argmax returns i64. Typed-float math is forward-only.
 
-``sum``/``mean`` replace the unmasked versions of ``math.py`` with the
-reference's options form: ``x.sum("col", mask=m, empty=v)``.
+``sum``/``mean`` take the reference's options form: ``x.sum("col", mask=m,
+empty=v)``. They live in three mixins because their result dtype depends on
+the branch: :class:`Sum` (f32, f64), :class:`HalfSum` (f16/bf16 -> f32),
+:class:`CountSum` (integers and bool -> i64).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import tags as T
 from ..dtypes import DType, reduction_dtype
@@ -23,21 +25,15 @@ from ..ir.autodiff import broadcast_back
 from ..ir.execute import emit
 from ..ir.graph import Node
 from ..runtime.gradmode import no_grad
-from . import math as _math  # noqa: F401 - registers the sum/mean these override first
-from .base import POOL, result
+from .base import Tensor, result
 from .masks import mask_node
+from .math import forward_only, reduce_tags
 from .unary import HALF, narrow, real, widen
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
-def _register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Pool a method under ``name`` (lets functions shadow builtins like max/all)."""
-
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn.__name__ = fn.__qualname__ = name
-        POOL[name] = fn
-        return fn
-
-    return deco
+    from .branches import BoolTensor, F32Tensor, I64Tensor
 
 
 def _axis(self: Any, tag: str) -> int:
@@ -71,8 +67,8 @@ def _reduction(self: Any, tag: str, fn: str, mask: Any, empty: Any) -> Any:
         if self.dtype not in (DType.f32, *HALF):
             raise TagError(f"{fn} is defined on f32/f16/bf16 tensors, not {self.dtype.value}")
     elif mask is None:
-        return _math._reduce(self, (T.check_tag(tag),), fn)
-    _math._forward_only(self)
+        return reduce_tags(self, (T.check_tag(tag),), fn)
+    forward_only(self)
     axes = (_axis(self, tag),)
     out_tags = T.remove_tags(self.axis_tags, (tag,))
     if fn in ("max", "min"):
@@ -102,82 +98,21 @@ def _reduction(self: Any, tag: str, fn: str, mask: Any, empty: Any) -> Any:
     return result(self, out_tags, out, dt)
 
 
-@_register("sum")
-def _sum(self: Any, tag: str, *, mask: Any = None, empty: Any = None) -> Any:
-    """Sum over ``tag`` (f16/bf16 -> f32, integers and bool -> i64).
-
-    ``mask=`` (bool, or float read as != 0, with self's tags) restricts the sum to the
-    selected elements; an empty lane is 0, or ``empty`` when given. The gradient is
-    zero at excluded elements.
-    """
-    return _reduction(self, tag, "sum", mask, empty)
-
-
-@_register("mean")
-def _mean(self: Any, tag: str, *, mask: Any = None, empty: Any = None) -> Any:
-    """Mean over ``tag`` (f16/bf16 -> f32). With ``mask=`` it divides by the count of
-    selected elements per lane; an empty lane is NaN (0/0), or ``empty`` when given."""
-    return _reduction(self, tag, "mean", mask, empty)
-
-
-@_register("max")
-def _max(self: Any, tag: str, *, mask: Any = None, empty: Any = None) -> Any:
-    """Maximum over ``tag`` (NaN propagates; f16/bf16 -> f32). The gradient goes to the
-    first maximal element (torch.max over a dim). With ``mask=``, an empty lane is -inf
-    (or ``empty``) and receives no gradient."""
-    return _reduction(self, tag, "max", mask, empty)
-
-
-@_register("min")
-def _min(self: Any, tag: str, *, mask: Any = None, empty: Any = None) -> Any:
-    """Minimum over ``tag``; see :meth:`max` (an empty masked lane is +inf)."""
-    return _reduction(self, tag, "min", mask, empty)
-
-
 # -- prod, variance, norms, logsumexp ---------------------------------------------------
 
 
 def _float_reduction(self: Any, tag: str | None, build: Callable[[Node, tuple[int, ...]], Node],
                      ) -> Any:
     """Widen, reduce over ``tag`` (None: every axis) with ``build``, keep the f32 result."""
-    _math._forward_only(self)
+    forward_only(self)
+    out_tags: tuple[str, ...] = ()
     if tag is None:
-        axes, out_tags = _all_axes(self), ()
+        axes = _all_axes(self)
     else:
         axes = (_axis(self, tag),)
         out_tags = T.remove_tags(self.axis_tags, (tag,))
     node = build(widen(self), axes)
     return result(self, out_tags, node, node.dtype)
-
-
-@_register("prod")
-def _prod(self: Any, tag: str) -> Any:
-    """Product over ``tag`` (torch.prod; f16/bf16 -> f32). Gradient handles zeros like
-    torch: none -> g prod / x; one -> the zero's slot gets g * (product of the rest);
-    two or more -> 0."""
-    return _float_reduction(self, tag, lambda x, axes: _reduce_node(x, "prod", axes,
-                                                                    DType.f32))
-
-
-@_register("variance")
-def _variance(self: Any, tag: str, ddof: int) -> Any:
-    """Variance over ``tag``: ``ddof`` 0 is the biased (LayerNorm) form, 1 Bessel-corrected
-    (torch.var's default). f16/bf16 -> f32."""
-    if isinstance(ddof, bool) or ddof not in (0, 1):
-        raise TagError(f"variance ddof must be 0 or 1, got {ddof!r}")
-
-    def build(x: Node, axes: tuple[int, ...]) -> Node:
-        n = 1
-        for a in axes:
-            n *= x.shape[a]
-        m = broadcast_back(_reduce_node(x, "mean", axes, DType.f32), x.shape, axes)
-        d = emit("binary", (x, m), fn="sub")
-        ss = _reduce_node(emit("binary", (d, d), fn="mul"), "sum", axes, DType.f32)
-        if n - ddof == 0:  # one element, Bessel-corrected: undefined, NaN like torch
-            return emit("scalar", (ss,), fn="mul", value=math.nan)
-        return emit("scalar", (ss,), fn="div", value=float(n - ddof))
-
-    return _float_reduction(self, tag, build)
 
 
 _ORDERS = {"l1": "l1", "l2": "l2", "inf": "inf", 1: "l1", 2: "l2", math.inf: "inf"}
@@ -202,39 +137,6 @@ def _norm_build(order: Any) -> Callable[[Node, tuple[int, ...]], Node]:
     return build
 
 
-@_register("norm")
-def _norm(self: Any, tag: str, order: Any = "l2") -> Any:
-    """Vector norm along ``tag`` (torch.linalg.vector_norm): "l1" sum |x|, "l2"
-    sqrt(sum x^2) (NaN gradient at an all-zero lane, sqrt'(0)), "inf" max |x|."""
-    return _float_reduction(self, tag, _norm_build(order))
-
-
-@_register("norm_all")
-def _norm_all(self: Any, order: Any = "l2") -> Any:
-    """Vector norm over every element as a scalar tensor; see :meth:`norm`."""
-    return _float_reduction(self, None, _norm_build(order))
-
-
-@_register("logsumexp")
-def _logsumexp(self: Any, tag: str) -> Any:
-    """log(sum(exp(x))) over ``tag`` (torch.logsumexp; f16/bf16 -> f32), shifted by the
-    lane max; a lane whose max is +-inf is shifted by 0 instead, so an all -inf lane
-    gives -inf and a +inf entry gives +inf. Gradient: softmax(x) * g."""
-
-    def build(x: Node, axes: tuple[int, ...]) -> Node:
-        with no_grad():  # the shift is a constant (it cancels in the value)
-            m = _reduce_node(x, "max", axes, DType.f32)
-            finite = emit("unary", (m,), fn="isfinite")
-            zero = emit("fill", (), shape=m.shape, dtype=DType.f32, value=0.0)
-            shift = emit("where", (finite, m, zero))
-        e = emit("unary", (emit("binary", (x, broadcast_back(shift, x.shape, axes)),
-                                fn="sub"),), fn="exp")
-        s = emit("unary", (_reduce_node(e, "sum", axes, DType.f32),), fn="log")
-        return emit("binary", (s, shift), fn="add")
-
-    return _float_reduction(self, tag, build)
-
-
 # -- any / all --------------------------------------------------------------------------
 
 
@@ -246,8 +148,9 @@ def _truth_count(self: Any, axes: tuple[int, ...]) -> Node:
 
 
 def _any_all(self: Any, tag: str | None, want_all: bool) -> Any:
+    out_tags: tuple[str, ...] = ()
     if tag is None:
-        axes, out_tags = _all_axes(self), ()
+        axes = _all_axes(self)
     else:
         axes = (_axis(self, tag),)
         out_tags = T.remove_tags(self.axis_tags, (tag,))
@@ -262,59 +165,191 @@ def _any_all(self: Any, tag: str | None, want_all: bool) -> Any:
     return result(self, out_tags, node, DType.bool)
 
 
-@_register("any")
-def _any(self: Any, tag: str) -> Any:
-    """bool: some element along ``tag`` is truthy (!= 0; NaN counts)."""
-    return _any_all(self, tag, False)
-
-
-@_register("all")
-def _all(self: Any, tag: str) -> Any:
-    """bool: every element along ``tag`` is truthy (!= 0; NaN counts)."""
-    return _any_all(self, tag, True)
-
-
-@_register("any_all")
-def _any_all_elems(self: Any) -> Any:
-    """bool scalar: some element is truthy."""
-    return _any_all(self, None, False)
-
-
-@_register("all_all")
-def _all_all_elems(self: Any) -> Any:
-    """bool scalar: every element is truthy."""
-    return _any_all(self, None, True)
-
-
 # -- scans and argmax ---------------------------------------------------------------------
 
 
 def _scan(self: Any, tag: str, fn: str) -> Any:
-    _math._forward_only(self)
+    forward_only(self)
     axis = _axis(self, tag)
     node = emit("scan", (widen(self),), axis=axis, fn=fn)
     return result(self, self.axis_tags, narrow(node, self.dtype))
 
 
-@_register("cumsum")
-def _cumsum(self: Any, tag: str) -> Any:
-    """Inclusive prefix sum along ``tag`` (serial, sequence-exact); gradient: suffix sum."""
-    return _scan(self, tag, "cumsum")
+class Sum(Tensor):
+    """Sums and means, optionally masked (f32, f64: the result keeps the dtype)."""
+
+    __slots__ = ()
+
+    def sum(self, tag: str, *, mask: Tensor | None = None, empty: float | None = None,
+            ) -> Self:
+        """Sum over ``tag`` (the tag is removed).
+
+        ``mask=`` (bool, or float read as != 0, with self's tags in any order) restricts
+        the sum to the selected elements; an empty lane is 0, or ``empty`` when given.
+        The gradient is zero at excluded elements.
+        """
+        return _reduction(self, tag, "sum", mask, empty)
+
+    def mean(self, tag: str, *, mask: Tensor | None = None, empty: float | None = None,
+             ) -> Self:
+        """Mean over ``tag``; with ``mask=`` it divides by the count of selected elements
+        per lane (an empty lane is NaN, or ``empty``)."""
+        return _reduction(self, tag, "mean", mask, empty)
+
+    def sum_all(self) -> Self:
+        """Sum of every element as a scalar tensor."""
+        return reduce_tags(self, self.axis_tags, "sum")
 
 
-@_register("cumprod")
-def _cumprod(self: Any, tag: str) -> Any:
-    """Inclusive running product along ``tag`` (torch.cumprod); the gradient is exact for
-    lanes containing zeros."""
-    return _scan(self, tag, "cumprod")
+class HalfSum(Tensor):
+    """Sums and means of f16/bf16 tensors, accumulated and returned in f32."""
+
+    __slots__ = ()
+
+    def sum(self, tag: str, *, mask: Tensor | None = None, empty: float | None = None,
+            ) -> F32Tensor:
+        """Sum over ``tag`` in f32 (the tag is removed); ``mask=``/``empty=`` as for
+        f32 tensors."""
+        return _reduction(self, tag, "sum", mask, empty)
+
+    def mean(self, tag: str, *, mask: Tensor | None = None, empty: float | None = None,
+             ) -> F32Tensor:
+        """Mean over ``tag`` in f32; ``mask=``/``empty=`` as for f32 tensors."""
+        return _reduction(self, tag, "mean", mask, empty)
+
+    def sum_all(self) -> F32Tensor:
+        """Sum of every element as an f32 scalar tensor."""
+        return reduce_tags(self, self.axis_tags, "sum")
 
 
-@_register("argmax")
-def _argmax(self: Any, tag: str) -> Any:
-    """i64 index of the first maximum along ``tag`` (tag removed). NaN never wins; an
-    all-NaN lane gives 0 (documented divergence from torch.argmax). No gradient."""
-    _math._forward_only(self)
-    axis = _axis(self, tag)
-    out_tags = T.remove_tags(self.axis_tags, (tag,))
-    node = emit("argmax", (self._node,), axis=axis)
-    return result(self, out_tags, node, DType.i64)
+class CountSum(Tensor):
+    """Exact sums of integer and bool tensors (bool counts true elements), as i64."""
+
+    __slots__ = ()
+
+    def sum(self, tag: str, *, mask: Tensor | None = None, empty: float | None = None,
+            ) -> I64Tensor:
+        """Sum over ``tag`` as i64 (the tag is removed); ``mask=``/``empty=`` as for
+        f32 tensors."""
+        return _reduction(self, tag, "sum", mask, empty)
+
+    def sum_all(self) -> I64Tensor:
+        """Sum of every element as an i64 scalar tensor."""
+        return reduce_tags(self, self.axis_tags, "sum")
+
+
+class FloatReductions(Tensor):
+    """Max/min, products, variance, logsumexp, scans and argmax (f32, f16, bf16).
+
+    f16/bf16 inputs reduce in f32 and return f32; scans narrow back once."""
+
+    __slots__ = ()
+
+    def max(self, tag: str, *, mask: Tensor | None = None, empty: float | None = None,
+            ) -> F32Tensor:
+        """Maximum over ``tag`` (NaN propagates; f16/bf16 -> f32). The gradient goes to the
+        first maximal element (torch.max over a dim). With ``mask=``, an empty lane is -inf
+        (or ``empty``) and receives no gradient."""
+        return _reduction(self, tag, "max", mask, empty)
+
+    def min(self, tag: str, *, mask: Tensor | None = None, empty: float | None = None,
+            ) -> F32Tensor:
+        """Minimum over ``tag``; see :meth:`max` (an empty masked lane is +inf)."""
+        return _reduction(self, tag, "min", mask, empty)
+
+    def prod(self, tag: str) -> F32Tensor:
+        """Product over ``tag`` (torch.prod; f16/bf16 -> f32). Gradient handles zeros like
+        torch: none -> g prod / x; one -> the zero's slot gets g * (product of the rest);
+        two or more -> 0."""
+        return _float_reduction(self, tag, lambda x, axes: _reduce_node(x, "prod", axes,
+                                                                        DType.f32))
+
+    def variance(self, tag: str, ddof: int) -> F32Tensor:
+        """Variance over ``tag``: ``ddof`` 0 is the biased (LayerNorm) form, 1 Bessel-corrected
+        (torch.var's default). f16/bf16 -> f32."""
+        if isinstance(ddof, bool) or ddof not in (0, 1):
+            raise TagError(f"variance ddof must be 0 or 1, got {ddof!r}")
+
+        def build(x: Node, axes: tuple[int, ...]) -> Node:
+            n = 1
+            for a in axes:
+                n *= x.shape[a]
+            m = broadcast_back(_reduce_node(x, "mean", axes, DType.f32), x.shape, axes)
+            d = emit("binary", (x, m), fn="sub")
+            ss = _reduce_node(emit("binary", (d, d), fn="mul"), "sum", axes, DType.f32)
+            if n - ddof == 0:  # one element, Bessel-corrected: undefined, NaN like torch
+                return emit("scalar", (ss,), fn="mul", value=math.nan)
+            return emit("scalar", (ss,), fn="div", value=float(n - ddof))
+
+        return _float_reduction(self, tag, build)
+
+    def logsumexp(self, tag: str) -> F32Tensor:
+        """log(sum(exp(x))) over ``tag`` (torch.logsumexp; f16/bf16 -> f32), shifted by the
+        lane max; a lane whose max is +-inf is shifted by 0 instead, so an all -inf lane
+        gives -inf and a +inf entry gives +inf. Gradient: softmax(x) * g."""
+
+        def build(x: Node, axes: tuple[int, ...]) -> Node:
+            with no_grad():  # the shift is a constant (it cancels in the value)
+                m = _reduce_node(x, "max", axes, DType.f32)
+                finite = emit("unary", (m,), fn="isfinite")
+                zero = emit("fill", (), shape=m.shape, dtype=DType.f32, value=0.0)
+                shift = emit("where", (finite, m, zero))
+            e = emit("unary", (emit("binary", (x, broadcast_back(shift, x.shape, axes)),
+                                    fn="sub"),), fn="exp")
+            s = emit("unary", (_reduce_node(e, "sum", axes, DType.f32),), fn="log")
+            return emit("binary", (s, shift), fn="add")
+
+        return _float_reduction(self, tag, build)
+
+    def cumsum(self, tag: str) -> Self:
+        """Inclusive prefix sum along ``tag`` (serial, sequence-exact); gradient: suffix sum."""
+        return _scan(self, tag, "cumsum")
+
+    def cumprod(self, tag: str) -> Self:
+        """Inclusive running product along ``tag`` (torch.cumprod); the gradient is exact for
+        lanes containing zeros."""
+        return _scan(self, tag, "cumprod")
+
+    def argmax(self, tag: str) -> I64Tensor:
+        """i64 index of the first maximum along ``tag`` (tag removed). NaN never wins; an
+        all-NaN lane gives 0 (documented divergence from torch.argmax). No gradient."""
+        forward_only(self)
+        axis = _axis(self, tag)
+        out_tags = T.remove_tags(self.axis_tags, (tag,))
+        node = emit("argmax", (self._node,), axis=axis)
+        return result(self, out_tags, node, DType.i64)
+
+
+class F32Reductions(Tensor):
+    """Norms, any/all and multi-tag sums (f32)."""
+
+    __slots__ = ()
+
+    def norm(self, tag: str, order: str | float = "l2") -> Self:
+        """Vector norm along ``tag`` (torch.linalg.vector_norm): "l1" sum |x|, "l2"
+        sqrt(sum x^2) (NaN gradient at an all-zero lane, sqrt'(0)), "inf" max |x|."""
+        return _float_reduction(self, tag, _norm_build(order))
+
+    def norm_all(self, order: str | float = "l2") -> Self:
+        """Vector norm over every element as a scalar tensor; see :meth:`norm`."""
+        return _float_reduction(self, None, _norm_build(order))
+
+    def any(self, tag: str) -> BoolTensor:
+        """bool: some element along ``tag`` is truthy (!= 0; NaN counts)."""
+        return _any_all(self, tag, False)
+
+    def all(self, tag: str) -> BoolTensor:
+        """bool: every element along ``tag`` is truthy (!= 0; NaN counts)."""
+        return _any_all(self, tag, True)
+
+    def any_all(self) -> BoolTensor:
+        """bool scalar: some element is truthy."""
+        return _any_all(self, None, False)
+
+    def all_all(self) -> BoolTensor:
+        """bool scalar: every element is truthy."""
+        return _any_all(self, None, True)
+
+    def sum_many(self, tags: Sequence[str]) -> Self:
+        """Sum over several tags at once (all removed)."""
+        return reduce_tags(self, T.check_tags(T.normalize_tags(tags)), "sum")

@@ -7,7 +7,7 @@ built without gradient; a lane whose max is infinite is shifted by 0, as in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import tags as T
 from ..dtypes import DType
@@ -16,8 +16,11 @@ from ..ir.autodiff import broadcast_back
 from ..ir.execute import emit
 from ..ir.graph import Node
 from ..runtime.gradmode import no_grad
-from .base import align_node, check_tensor, method, same_ctx
+from .base import Tensor, align_node, check_tensor, same_ctx
 from .unary import float_op, real
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 def _shift(x: Node, axes: tuple[int, ...]) -> Node:
@@ -47,31 +50,33 @@ def _logits(self: Any, x: Node, scale: float | None, mask: Any) -> Node:
     return x
 
 
-@method
-def softmax(self: Any, tag: str, scale: float | None = None, mask: Any = None) -> Any:
-    """Softmax over ``tag`` of ``x * scale + mask`` (mask: additive, broadcast by tag)."""
-    axes = (T.index(self.axis_tags, tag),)
+class Softmax(Tensor):
+    """Softmax and log-softmax over a tag (f32, f16, bf16), fused under compile."""
 
-    def build(x: Node) -> Node:
-        x = _logits(self, x, scale, mask)
-        e = emit("unary", (emit("binary", (x, _shift(x, axes)), fn="sub"),), fn="exp")
-        total = emit("reduce", (e,), fn="sum", axes=axes, dtype=DType.f32)
-        return emit("binary", (e, broadcast_back(total, e.shape, axes)), fn="div")
+    __slots__ = ()
 
-    return float_op(self, build)
+    def softmax(self, tag: str, scale: float | None = None, mask: Tensor | None = None,
+                ) -> Self:
+        """Softmax over ``tag`` of ``x * scale + mask`` (mask: additive, broadcast by tag)."""
+        axes = (T.index(self.axis_tags, tag),)
 
+        def build(x: Node) -> Node:
+            x = _logits(self, x, scale, mask)
+            e = emit("unary", (emit("binary", (x, _shift(x, axes)), fn="sub"),), fn="exp")
+            total = emit("reduce", (e,), fn="sum", axes=axes, dtype=DType.f32)
+            return emit("binary", (e, broadcast_back(total, e.shape, axes)), fn="div")
 
-@method
-def log_softmax(self: Any, tag: str) -> Any:
-    """log(softmax(x)) over ``tag``, computed as x - max - log(sum(exp(x - max)))."""
-    axes = (T.index(self.axis_tags, tag),)
+        return float_op(self, build)
 
-    def build(x: Node) -> Node:
-        z = emit("binary", (x, _shift(x, axes)), fn="sub")
-        e = emit("unary", (z,), fn="exp")
-        lse = emit("unary", (emit("reduce", (e,), fn="sum", axes=axes, dtype=DType.f32),),
-                   fn="log")
-        return emit("binary", (z, broadcast_back(lse, z.shape, axes)), fn="sub")
+    def log_softmax(self, tag: str) -> Self:
+        """log(softmax(x)) over ``tag``, computed as x - max - log(sum(exp(x - max)))."""
+        axes = (T.index(self.axis_tags, tag),)
 
-    return float_op(self, build)
+        def build(x: Node) -> Node:
+            z = emit("binary", (x, _shift(x, axes)), fn="sub")
+            e = emit("unary", (z,), fn="exp")
+            lse = emit("unary", (emit("reduce", (e,), fn="sum", axes=axes, dtype=DType.f32),),
+                       fn="log")
+            return emit("binary", (z, broadcast_back(lse, z.shape, axes)), fn="sub")
 
+        return float_op(self, build)

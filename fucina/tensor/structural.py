@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,16 +27,24 @@ from ..ir.execute import emit
 from ..ir.graph import Node, leaf
 from ..runtime.raw import RawTensor
 from .base import (
+    Tensor,
     align_node,
     check_tensor,
     host_indices,
-    identity_coeffs,
-    method,
+    identity_view,
     result,
     same_ctx,
     sizes_of,
+    tensor_list,
 )
-from .views import insert_axis, narrow
+from .display import decode
+from .math import reduce_tags
+from .views import diagonal_view, narrow_node, with_axis
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from .branches import F32Tensor
 
 
 def _const(dtype: DType, arr: np.ndarray) -> Node:
@@ -65,41 +73,25 @@ def _gather_node(self: Any, axis: int, idx: np.ndarray) -> Node:
     return emit("gather", (self._node,), axis=axis, index=idx)
 
 
-@method
-def concat(self: Any, tag: str, others: Sequence[Any]) -> Any:
-    """Join self and ``others`` (same type) along the existing axis ``tag``."""
-    i = T.index(self.axis_tags, tag)
-    others = list(others)
-    for o in others:
-        _same_type(self, o, "concat operand")
-        _match_except(self, o, tag, "concat")
-    if self.dtype.is_block and (self.tag_count != 2 or i != 0):
-        raise TagError(f"{self.dtype.value} concat joins rank-2 tensors along the row axis only")
-    if not others:
-        return self.materialize()
-    node = emit("concat", (self._node, *(o._node for o in others)), axis=i)
-    return result(self, self.axis_tags, node)
-
-
-@method
-def stack(self: Any, new_tag: str, axis_index: int, others: Sequence[Any]) -> Any:
-    """Stack self and ``others`` along a new axis ``new_tag`` at ``axis_index``."""
-    others = list(others)
-    for o in others:
-        _same_type(self, o, "stack operand")
-        if o.shape != self.shape:
-            raise ShapeMismatch(f"stack: shapes {o.shape} and {self.shape} differ")
-    parts = [insert_axis(x, new_tag, axis_index) for x in [self, *others]]
-    return parts[0].concat(new_tag, parts[1:])
-
-
-@method
-def gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
-    """Rows ``indices`` along ``tag`` (host ints), the axis retagged ``out_tag``."""
+def _gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
     i = T.index(self.axis_tags, tag)
     out = T.replace_tag(self.axis_tags, tag, out_tag)
     idx = host_indices(indices, self._node.shape[i], tag)
     return result(self, out, _gather_node(self, i, idx))
+
+
+def _concat(self: Any, tag: str, others: Any) -> Any:
+    i = T.index(self.axis_tags, tag)
+    rest = tensor_list(others, "concat operands")
+    for o in rest:
+        _same_type(self, o, "concat operand")
+        _match_except(self, o, tag, "concat")
+    if self.dtype.is_block and (self.tag_count != 2 or i != 0):
+        raise TagError(f"{self.dtype.value} concat joins rank-2 tensors along the row axis only")
+    if not rest:
+        return self.materialize()
+    node = emit("concat", (self._node, *(o._node for o in rest)), axis=i)
+    return result(self, self.axis_tags, node)
 
 
 def _index_tensor(index: Any, what: str) -> np.ndarray:
@@ -109,72 +101,8 @@ def _index_tensor(index: Any, what: str) -> np.ndarray:
     return index.numpy()
 
 
-@method
-def index_select(self: Any, tag: str, index: Any, out_tag: str) -> Any:
-    """torch.index_select: ``gather`` with a rank-1 i64 index tensor."""
-    check_tensor(index, "index")
-    if index.tag_count != 1:
-        raise TagError(f"index_select needs a rank-1 index tensor, got tags {index.axis_tags}")
-    return gather(self, tag, _index_tensor(index, "index").reshape(-1), out_tag)
-
-
-@method
-def get_rows(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
-    """Gather rows of a rank-2 block-quantized tensor and dequantize them to f32."""
-    i = T.index(self.axis_tags, tag)
-    if self.tag_count != 2 or i != 0:
-        raise TagError("get_rows gathers along the row (first) axis of a rank-2 tensor")
-    out = T.replace_tag(self.axis_tags, tag, out_tag)
-    idx = host_indices(indices, self._node.shape[i], tag)
-    rows = _gather_node(self, i, idx)
-    return result(self, out, emit("dequantize", (rows,), src=self.dtype), DType.f32)
-
-
 def _set_rows_node(self: Any, axis: int, idx: np.ndarray, update: Node) -> Node:
     return emit("set_index", (self._node, update), axis=axis, index=idx)
-
-
-@method
-def set_slice(self: Any, tag: str, start: int, update: Any) -> Any:
-    """Copy of self with [start, start+len) along ``tag`` overwritten by ``update``."""
-    i = T.index(self.axis_tags, tag)
-    _same_type(self, update, "update")
-    _match_except(self, update, tag, "set_slice")
-    n, dim = update.shape[i], self.shape[i]
-    if not isinstance(start, int) or start < 0 or start + n > dim:
-        raise IndexOutOfBounds(f"set_slice: [{start}, {start}+{n}) out of range for {tag!r} "
-                               f"of size {dim}")
-    idx = np.arange(start, start + n, dtype=np.int64)
-    return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
-
-
-@method
-def set_rows(self: Any, tag: str, indices: Any, update: Any) -> Any:
-    """Copy of self with rows ``indices`` (unique) along ``tag`` overwritten by ``update``."""
-    i = T.index(self.axis_tags, tag)
-    _same_type(self, update, "update")
-    idx = host_indices(indices, self.shape[i], tag)
-    if len(np.unique(idx)) != idx.size:
-        raise InvalidShape(f"set_rows: duplicate indices in {idx.tolist()}")
-    if update.shape[i] != idx.size:
-        raise InvalidShape(f"set_rows: update has {update.shape[i]} rows along {tag!r}, "
-                           f"{idx.size} indices given")
-    _match_except(self, update, tag, "set_rows")
-    return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
-
-
-@method
-def index_add(self: Any, tag: str, indices: Any, update: Any) -> Any:
-    """Copy of self with ``update``'s rows added at ``indices`` (duplicates accumulate)."""
-    i = T.index(self.axis_tags, tag)
-    _same_type(self, update, "update")
-    idx = host_indices(indices, self.shape[i], tag)
-    if update.shape[i] != idx.size:
-        raise InvalidShape(f"index_add: update has {update.shape[i]} rows along {tag!r}, "
-                           f"{idx.size} indices given")
-    _match_except(self, update, tag, "index_add")
-    node = emit("index_add", (self._node, update._node), axis=i, index=idx)
-    return result(self, self.axis_tags, node)
 
 
 def _zero_rows(self: Any, axis: int, idx: np.ndarray) -> Any:
@@ -184,71 +112,8 @@ def _zero_rows(self: Any, axis: int, idx: np.ndarray) -> Any:
     return result(self, self.axis_tags, _set_rows_node(self, axis, idx, zeros))
 
 
-@method
-def zero_slice(self: Any, tag: str, start: int, length: int) -> Any:
-    """Copy of self with [start, start+length) along ``tag`` zeroed."""
-    i = T.index(self.axis_tags, tag)
-    dim = self.shape[i]
-    if not isinstance(length, int) or length <= 0:
-        raise InvalidShape(f"zero_slice: length {length!r} must be positive")
-    if not isinstance(start, int) or start < 0 or start + length > dim:
-        raise IndexOutOfBounds(f"zero_slice: [{start}, {start}+{length}) out of range for "
-                               f"{tag!r} of size {dim}")
-    return _zero_rows(self, i, np.arange(start, start + length, dtype=np.int64))
-
-
-@method
-def zero_rows(self: Any, tag: str, indices: Any) -> Any:
-    """Copy of self with rows ``indices`` along ``tag`` zeroed."""
-    i = T.index(self.axis_tags, tag)
-    return _zero_rows(self, i, np.unique(host_indices(indices, self.shape[i], tag)))
-
-
-@method
-def flip(self: Any, tag: str) -> Any:
-    """Reverse the axis ``tag``."""
-    i = T.index(self.axis_tags, tag)
-    idx = np.arange(self.shape[i] - 1, -1, -1, dtype=np.int64)
-    return result(self, self.axis_tags, _gather_node(self, i, idx))
-
-
-@method
-def roll(self: Any, tag: str, shift: int) -> Any:
-    """Rotate the axis ``tag`` by ``shift`` (torch.roll: element i moves to i + shift)."""
-    i = T.index(self.axis_tags, tag)
-    if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
-        raise TypeError(f"roll shift must be an int, got {shift!r}")
-    n = self.shape[i]
-    idx = (np.arange(n, dtype=np.int64) - int(shift)) % n
-    return result(self, self.axis_tags, _gather_node(self, i, idx))
-
-
-@method
-def repeat_axis(self: Any, tag: str, n: int) -> Any:
-    """Tile the axis ``tag`` n times ([a, b] -> [a, b, a, b])."""
-    i = T.index(self.axis_tags, tag)
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise InvalidShape(f"repeat_axis needs n >= 1, got {n!r}")
-    if n == 1:
-        r = len(self.shape)
-        return result(self, self.axis_tags, emit(
-            "view", (self._node,), shape=self.shape, coeffs=identity_coeffs(r), base=(0,) * r))
-    idx = np.tile(np.arange(self.shape[i], dtype=np.int64), n)
-    return result(self, self.axis_tags, _gather_node(self, i, idx))
-
-
 def _pad_node(node: Node, axis: int, before: int, after: int, fill: float) -> Node:
     return emit("pad", (node,), axis=axis, before=before, after=after, value=fill)
-
-
-@method
-def pad(self: Any, tag: str, before: int, after: int, fill: float = 0.0) -> Any:
-    """Grow ``tag`` by ``before`` + ``after`` positions holding ``fill``."""
-    i = T.index(self.axis_tags, tag)
-    for v in (before, after):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise InvalidShape(f"pad amounts must be non-negative ints, got {before!r}, {after!r}")
-    return result(self, self.axis_tags, _pad_node(self._node, i, before, after, fill))
 
 
 def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
@@ -265,58 +130,14 @@ def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
         if dim - crop_lo - crop_hi <= 0:
             raise InvalidShape(f"padding {padding} crops {tag!r} of size {dim} to nothing")
         if crop_lo or crop_hi:
-            x = narrow(x, tag, crop_lo, dim - crop_lo - crop_hi)
+            window = narrow_node(x, T.index(x.axis_tags, tag), crop_lo, dim - crop_lo - crop_hi)
+            x = result(x, x.axis_tags, window)
         if lo > 0 or hi > 0:
             x = result(x, x.axis_tags, _pad_node(x._node, T.index(x.axis_tags, tag),
                                                  max(lo, 0), max(hi, 0), fill))
             padded = True
     # Padding allocates; pure crops are views, so copy them to return owned storage.
     return x if padded else x.materialize()
-
-
-@method
-def zero_pad2d(self: Any, h_tag: str, w_tag: str, padding: Any) -> Any:
-    """nn.ZeroPad2d over named axes: (left, right, top, bottom); negatives crop."""
-    T.index(self.axis_tags, h_tag)
-    T.index(self.axis_tags, w_tag)
-    return _pad2d(self, h_tag, w_tag, padding, 0.0)
-
-
-@method
-def constant_pad2d(self: Any, h_tag: str, w_tag: str, padding: Any, fill: float) -> Any:
-    """nn.ConstantPad2d over named axes: (left, right, top, bottom); negatives crop."""
-    T.index(self.axis_tags, h_tag)
-    T.index(self.axis_tags, w_tag)
-    return _pad2d(self, h_tag, w_tag, padding, fill)
-
-
-# -- reshape family ----------------------------------------------------------------------
-
-
-@method
-def reshape(self: Any, new_tags: Any, new_shape: Any) -> Any:
-    """Row-major reinterpretation to ``new_tags`` at ``new_shape`` (view when contiguous)."""
-    tgt = T.normalize_tags(new_tags)
-    shp = tuple(int(d) for d in new_shape)
-    if len(shp) != len(tgt) or any(d <= 0 for d in shp):
-        raise InvalidShape(f"reshape: shape {tuple(new_shape)} does not fit tags {tgt}")
-    raw_shape = shp or (1,)
-    if math.prod(raw_shape) != self._node.value.numel:
-        raise InvalidShape(f"reshape: {math.prod(raw_shape)} elements requested, tensor has "
-                           f"{self._node.value.numel}")
-    node = self._node
-    if not node.value.is_contiguous():
-        node = emit("copy", (node,))
-    return result(self, tgt, emit("reshape", (node,), shape=raw_shape))
-
-
-@method
-def flatten(self: Any, out_tag: str) -> Any:
-    """Rank-1 ``out_tag`` over every element (copies only a non-contiguous source)."""
-    return reshape(self, (T.check_tag(out_tag),), (self._node.value.numel,))
-
-
-# -- masks ---------------------------------------------------------------------------------
 
 
 def _mask_flags(self: Any, mask: Any) -> np.ndarray:
@@ -336,52 +157,6 @@ def _mask_flags(self: Any, mask: Any) -> np.ndarray:
 
         arr = bf16_to_f32(arr)
     return (arr != 0).reshape(-1)
-
-
-@method
-def masked_select(self: Any, mask: Any, out_tag: str) -> Any:
-    """Rank-1 ``out_tag`` of the elements where ``mask`` is nonzero (row-major)."""
-    T.check_tag(out_tag)
-    flags = _mask_flags(self, mask)
-    idx = np.flatnonzero(flags).astype(np.int64)
-    if idx.size == 0:
-        raise EmptySelection("masked_select: the mask selects nothing")
-    node = emit("gather_flat", (self._node,), index=idx, shape=(idx.size,))
-    return result(self, (out_tag,), node)
-
-
-@method
-def masked_scatter(self: Any, mask: Any, values_tag: str, values: Any) -> Any:
-    """Copy of self with rank-1 ``values`` written where ``mask`` is nonzero (row-major)."""
-    flags = _mask_flags(self, mask)
-    check_tensor(values, "values")
-    same_ctx(self, values)
-    if values.axis_tags != (values_tag,):
-        raise TagError(f"values must be tagged ({values_tag!r},), got {values.axis_tags}")
-    if values.dtype is not self.dtype:
-        raise TagError(f"values dtype {values.dtype.value} differs from {self.dtype.value}")
-    count = int(flags.sum())
-    if count == 0:
-        raise EmptySelection("masked_scatter: the mask selects nothing")
-    if values.shape[0] != count:
-        raise InvalidShape(f"masked_scatter: {values.shape[0]} values for {count} positions")
-    src = np.full(flags.size, -1, dtype=np.int64)
-    src[flags] = np.arange(count, dtype=np.int64)
-    spread = emit("gather_flat", (values._node,), index=src, shape=self._node.shape,
-                  has_fill=True, fill=0)
-    cond = _const(DType.bool, flags.reshape(self._node.shape))
-    return result(self, self.axis_tags, emit("where", (cond, spread, self._node)))
-
-
-@method
-def nonzero(self: Any) -> list[int]:
-    """Row-major flat indices of the nonzero elements (NaN counts), host-side."""
-    arr = self.numpy()
-    if self.dtype is DType.bf16:
-        from ..kernels.cast import bf16_to_f32
-
-        arr = bf16_to_f32(arr)
-    return np.flatnonzero(arr.reshape(-1) != 0).tolist()
 
 
 def _section_index(self: Any, tag: str, offsets: Any, circular: bool) -> np.ndarray:
@@ -404,23 +179,6 @@ def _section_index(self: Any, tag: str, offsets: Any, circular: bool) -> np.ndar
         valid = (j >= 0) & (j < n)
         src = np.where(valid, np.take_along_axis(rows, np.clip(j, 0, n - 1), axis=1), -1)
     return np.moveaxis(src.reshape(moved_shape), -1, i).reshape(-1)
-
-
-@method
-def roll_by(self: Any, tag: str, offsets: Any) -> Any:
-    """Roll each section along ``tag`` by its own offset (roll's sign convention)."""
-    idx = _section_index(self, tag, offsets, circular=True)
-    node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape)
-    return result(self, self.axis_tags, node)
-
-
-@method
-def shift_by(self: Any, tag: str, offsets: Any, fill: float = 0.0) -> Any:
-    """Non-circular per-section shift along ``tag``; shifted-in positions hold ``fill``."""
-    idx = _section_index(self, tag, offsets, circular=False)
-    node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape,
-                has_fill=True, fill=fill)
-    return result(self, self.axis_tags, node)
 
 
 # -- per-element indexed ops ----------------------------------------------------------------
@@ -449,32 +207,12 @@ def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) ->
     return i, node, ishape
 
 
-@method
-def take_along_axis(self: Any, tag: str, indices: Any) -> Any:
-    """torch.gather along ``tag`` with a same-tagged i64 index tensor."""
-    i, idx, ishape = _element_index(self, tag, indices)
-    node = emit("take_along", (self._node, idx), axis=i, shape=ishape, dtype=self.dtype)
-    return result(self, self.axis_tags, node)
-
-
 def _scatter(self: Any, tag: str, indices: Any, src: Any, op: str) -> Any:
     _same_type(self, src, "src")
     i, idx, ishape = _element_index(self, tag, indices)
     if ishape != tuple(src.shape):
         raise ShapeMismatch(f"indices shape {ishape} must equal src shape {src.shape}")
     return result(self, self.axis_tags, emit(op, (self._node, idx, src._node), axis=i))
-
-
-@method
-def scatter_add(self: Any, tag: str, indices: Any, src: Any) -> Any:
-    """torch.scatter_add along ``tag``: src added at indices (duplicates accumulate)."""
-    return _scatter(self, tag, indices, src, "scatter_add")
-
-
-@method
-def scatter(self: Any, tag: str, indices: Any, src: Any) -> Any:
-    """torch.scatter along ``tag``: src written at indices (last row-major write wins)."""
-    return _scatter(self, tag, indices, src, "scatter")
 
 
 # -- diagonals ----------------------------------------------------------------------------
@@ -484,36 +222,290 @@ def _eye_node(n: int, dtype: DType) -> Node:
     return _const(dtype, np.eye(n, dtype=np.float32))
 
 
-@method
-def diag(self: Any, out_tags: Any) -> Any:
-    """Embed a rank-1 tensor as the diagonal of an [n, n] matrix tagged ``out_tags``."""
-    out = T.normalize_tags(out_tags)
-    if self.tag_count != 1 or len(out) != 2:
-        raise TagError(f"diag maps a rank-1 tensor to two tags, got {self.axis_tags} -> {out}")
-    n = self.shape[0]
-    v = align_node(self.with_tags(out[0]), out, (n, n))
-    return result(self, out, emit("binary", (v, _eye_node(n, self.dtype)), fn="mul"))
+class Concat(Tensor):
+    """Joining tensors along an existing axis (every branch; block formats by rows)."""
+
+    __slots__ = ()
+
+    def concat(self, tag: str, others: Sequence[Tensor]) -> Self:
+        """Join self and ``others`` (same type, same sizes except ``tag``) along the
+        existing axis ``tag``. Block-quantized tensors join rank-2 tensors by rows."""
+        return _concat(self, tag, others)
 
 
-@method
-def diag_embed(self: Any, vec_tag: str, out_tags: Any) -> Any:
-    """Batched diag: ``vec_tag`` becomes ``row_tag`` in place, ``col_tag`` is appended last."""
-    row, col = T.normalize_tags(out_tags)
-    renamed = T.replace_tag(self.axis_tags, vec_tag, row)
-    out = T.check_tags(renamed + (col,))
-    n = self.dim(vec_tag)
-    sizes = dict(zip(renamed, self.shape), **{col: n})
-    shape = tuple(sizes[t] for t in out)
-    v = align_node(self.with_tags(renamed), out, shape)
-    eye = emit("view", (_eye_node(n, self.dtype),), shape=shape,
-               coeffs=tuple((int(t == row), int(t == col)) for t in out), base=(0, 0))
-    return result(self, out, emit("binary", (v, eye), fn="mul"))
+class RowEdits(Tensor):
+    """Row gathers and slice/row overwrites (every scalar-dtype branch)."""
+
+    __slots__ = ()
+
+    def gather(self, tag: str, indices: Sequence[int] | np.ndarray, out_tag: str) -> Self:
+        """Rows ``indices`` along ``tag`` (host ints), the axis retagged ``out_tag``."""
+        return _gather(self, tag, indices, out_tag)
+
+    def set_slice(self, tag: str, start: int, update: Tensor) -> Self:
+        """Copy of self with [start, start+len) along ``tag`` overwritten by ``update``."""
+        i = T.index(self.axis_tags, tag)
+        _same_type(self, update, "update")
+        _match_except(self, update, tag, "set_slice")
+        n, dim = update.shape[i], self.shape[i]
+        if not isinstance(start, int) or start < 0 or start + n > dim:
+            raise IndexOutOfBounds(f"set_slice: [{start}, {start}+{n}) out of range for {tag!r} "
+                                   f"of size {dim}")
+        idx = np.arange(start, start + n, dtype=np.int64)
+        return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
+
+    def set_rows(self, tag: str, indices: Sequence[int] | np.ndarray, update: Tensor) -> Self:
+        """Copy of self with rows ``indices`` (unique) along ``tag`` overwritten by ``update``."""
+        i = T.index(self.axis_tags, tag)
+        _same_type(self, update, "update")
+        idx = host_indices(indices, self.shape[i], tag)
+        if len(np.unique(idx)) != idx.size:
+            raise InvalidShape(f"set_rows: duplicate indices in {idx.tolist()}")
+        if update.shape[i] != idx.size:
+            raise InvalidShape(f"set_rows: update has {update.shape[i]} rows along {tag!r}, "
+                               f"{idx.size} indices given")
+        _match_except(self, update, tag, "set_rows")
+        return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
 
 
-@method
-def trace(self: Any, tag_a: str, tag_b: str) -> Any:
-    """Sum of the (tag_a, tag_b) diagonal; both tags removed."""
-    tmp = "_trace_diag"
-    while tmp in self.axis_tags:
-        tmp += "_"
-    return self.diagonal(tag_a, tag_b, tmp).sum(tmp)
+class Rearrange(Tensor):
+    """Copying rearrangements: reshape, flatten, flip, roll, stack, repeat (float branches)."""
+
+    __slots__ = ()
+
+    def reshape(self, new_tags: Sequence[str], new_shape: Sequence[int]) -> Self:
+        """Row-major reinterpretation to ``new_tags`` at ``new_shape`` (view when contiguous)."""
+        tgt = T.normalize_tags(new_tags)
+        shp = tuple(int(d) for d in new_shape)
+        if len(shp) != len(tgt) or any(d <= 0 for d in shp):
+            raise InvalidShape(f"reshape: shape {tuple(new_shape)} does not fit tags {tgt}")
+        raw_shape = shp or (1,)
+        if math.prod(raw_shape) != self._node.value.numel:
+            raise InvalidShape(f"reshape: {math.prod(raw_shape)} elements requested, tensor has "
+                               f"{self._node.value.numel}")
+        node = self._node
+        if not node.value.is_contiguous():
+            node = emit("copy", (node,))
+        return result(self, tgt, emit("reshape", (node,), shape=raw_shape))
+
+    def flatten(self, out_tag: str) -> Self:
+        """Rank-1 ``out_tag`` over every element (copies only a non-contiguous source)."""
+        return self.reshape((T.check_tag(out_tag),), (self._node.value.numel,))
+
+    def flip(self, tag: str) -> Self:
+        """Reverse the axis ``tag``."""
+        i = T.index(self.axis_tags, tag)
+        idx = np.arange(self.shape[i] - 1, -1, -1, dtype=np.int64)
+        return result(self, self.axis_tags, _gather_node(self, i, idx))
+
+    def roll(self, tag: str, shift: int) -> Self:
+        """Rotate the axis ``tag`` by ``shift`` (torch.roll: element i moves to i + shift)."""
+        i = T.index(self.axis_tags, tag)
+        if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
+            raise TypeError(f"roll shift must be an int, got {shift!r}")
+        n = self.shape[i]
+        idx = (np.arange(n, dtype=np.int64) - int(shift)) % n
+        return result(self, self.axis_tags, _gather_node(self, i, idx))
+
+    def stack(self, new_tag: str, axis_index: int, others: Sequence[Tensor]) -> Self:
+        """Stack self and ``others`` (same type and shape) along a new axis ``new_tag``
+        at ``axis_index``."""
+        rest = tensor_list(others, "stack operands")
+        for o in rest:
+            _same_type(self, o, "stack operand")
+            if o.shape != self.shape:
+                raise ShapeMismatch(f"stack: shapes {o.shape} and {self.shape} differ")
+        parts = [with_axis(x, new_tag, axis_index) for x in [self, *rest]]
+        return _concat(parts[0], new_tag, parts[1:])
+
+    def repeat_axis(self, tag: str, n: int) -> Self:
+        """Tile the axis ``tag`` n times ([a, b] -> [a, b, a, b])."""
+        i = T.index(self.axis_tags, tag)
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise InvalidShape(f"repeat_axis needs n >= 1, got {n!r}")
+        if n == 1:
+            return result(self, self.axis_tags, identity_view(self))
+        idx = np.tile(np.arange(self.shape[i], dtype=np.int64), n)
+        return result(self, self.axis_tags, _gather_node(self, i, idx))
+
+
+class Padding(Tensor):
+    """Padding an axis with a fill value (f32, f16, bf16)."""
+
+    __slots__ = ()
+
+    def pad(self, tag: str, before: int, after: int, fill: float = 0.0) -> Self:
+        """Grow ``tag`` by ``before`` + ``after`` positions holding ``fill``."""
+        i = T.index(self.axis_tags, tag)
+        for v in (before, after):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InvalidShape(
+                    f"pad amounts must be non-negative ints, got {before!r}, {after!r}")
+        return result(self, self.axis_tags, _pad_node(self._node, i, before, after, fill))
+
+
+class IndexedOps(Tensor):
+    """Indexed and masked copies, scatters, 2-D padding and diagonals (f32)."""
+
+    __slots__ = ()
+
+    def index_select(self, tag: str, index: Tensor, out_tag: str) -> Self:
+        """torch.index_select: ``gather`` with a rank-1 i64 index tensor."""
+        check_tensor(index, "index")
+        if index.tag_count != 1:
+            raise TagError(
+                f"index_select needs a rank-1 index tensor, got tags {index.axis_tags}")
+        return _gather(self, tag, _index_tensor(index, "index").reshape(-1), out_tag)
+
+    def index_add(self, tag: str, indices: Sequence[int] | np.ndarray, update: Tensor) -> Self:
+        """Copy of self with ``update``'s rows added at ``indices`` (duplicates accumulate)."""
+        i = T.index(self.axis_tags, tag)
+        _same_type(self, update, "update")
+        idx = host_indices(indices, self.shape[i], tag)
+        if update.shape[i] != idx.size:
+            raise InvalidShape(f"index_add: update has {update.shape[i]} rows along {tag!r}, "
+                               f"{idx.size} indices given")
+        _match_except(self, update, tag, "index_add")
+        node = emit("index_add", (self._node, update._node), axis=i, index=idx)
+        return result(self, self.axis_tags, node)
+
+    def zero_slice(self, tag: str, start: int, length: int) -> Self:
+        """Copy of self with [start, start+length) along ``tag`` zeroed."""
+        i = T.index(self.axis_tags, tag)
+        dim = self.shape[i]
+        if not isinstance(length, int) or length <= 0:
+            raise InvalidShape(f"zero_slice: length {length!r} must be positive")
+        if not isinstance(start, int) or start < 0 or start + length > dim:
+            raise IndexOutOfBounds(f"zero_slice: [{start}, {start}+{length}) out of range for "
+                                   f"{tag!r} of size {dim}")
+        return _zero_rows(self, i, np.arange(start, start + length, dtype=np.int64))
+
+    def zero_rows(self, tag: str, indices: Sequence[int] | np.ndarray) -> Self:
+        """Copy of self with rows ``indices`` along ``tag`` zeroed."""
+        i = T.index(self.axis_tags, tag)
+        return _zero_rows(self, i, np.unique(host_indices(indices, self.shape[i], tag)))
+
+    def take_along_axis(self, tag: str, indices: Tensor) -> Self:
+        """torch.gather along ``tag`` with a same-tagged i64 index tensor."""
+        i, idx, ishape = _element_index(self, tag, indices)
+        node = emit("take_along", (self._node, idx), axis=i, shape=ishape, dtype=self.dtype)
+        return result(self, self.axis_tags, node)
+
+    def scatter_add(self, tag: str, indices: Tensor, src: Tensor) -> Self:
+        """torch.scatter_add along ``tag``: src added at indices (duplicates accumulate)."""
+        return _scatter(self, tag, indices, src, "scatter_add")
+
+    def scatter(self, tag: str, indices: Tensor, src: Tensor) -> Self:
+        """torch.scatter along ``tag``: src written at indices (last row-major write wins)."""
+        return _scatter(self, tag, indices, src, "scatter")
+
+    def masked_select(self, mask: Tensor, out_tag: str) -> Self:
+        """Rank-1 ``out_tag`` of the elements where ``mask`` is nonzero (row-major)."""
+        T.check_tag(out_tag)
+        flags = _mask_flags(self, mask)
+        idx = np.flatnonzero(flags).astype(np.int64)
+        if idx.size == 0:
+            raise EmptySelection("masked_select: the mask selects nothing")
+        node = emit("gather_flat", (self._node,), index=idx, shape=(idx.size,))
+        return result(self, (out_tag,), node)
+
+    def masked_scatter(self, mask: Tensor, values_tag: str, values: Tensor) -> Self:
+        """Copy of self with rank-1 ``values`` written where ``mask`` is nonzero (row-major)."""
+        flags = _mask_flags(self, mask)
+        check_tensor(values, "values")
+        same_ctx(self, values)
+        if values.axis_tags != (values_tag,):
+            raise TagError(f"values must be tagged ({values_tag!r},), got {values.axis_tags}")
+        if values.dtype is not self.dtype:
+            raise TagError(f"values dtype {values.dtype.value} differs from {self.dtype.value}")
+        count = int(flags.sum())
+        if count == 0:
+            raise EmptySelection("masked_scatter: the mask selects nothing")
+        if values.shape[0] != count:
+            raise InvalidShape(f"masked_scatter: {values.shape[0]} values for {count} positions")
+        src = np.full(flags.size, -1, dtype=np.int64)
+        src[flags] = np.arange(count, dtype=np.int64)
+        spread = emit("gather_flat", (values._node,), index=src, shape=self._node.shape,
+                      has_fill=True, fill=0)
+        cond = _const(DType.bool, flags.reshape(self._node.shape))
+        return result(self, self.axis_tags, emit("where", (cond, spread, self._node)))
+
+    def nonzero(self) -> list[int]:
+        """Row-major flat indices of the nonzero elements (NaN counts), host-side."""
+        arr = decode(self.numpy(), self.dtype)
+        return np.flatnonzero(arr.reshape(-1) != 0).tolist()
+
+    def roll_by(self, tag: str, offsets: Sequence[int] | np.ndarray) -> Self:
+        """Roll each section along ``tag`` by its own offset (roll's sign convention)."""
+        idx = _section_index(self, tag, offsets, circular=True)
+        node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape)
+        return result(self, self.axis_tags, node)
+
+    def shift_by(self, tag: str, offsets: Sequence[int] | np.ndarray, fill: float = 0.0,
+                 ) -> Self:
+        """Non-circular per-section shift along ``tag``; shifted-in positions hold ``fill``."""
+        idx = _section_index(self, tag, offsets, circular=False)
+        node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape,
+                    has_fill=True, fill=fill)
+        return result(self, self.axis_tags, node)
+
+    def zero_pad2d(self, h_tag: str, w_tag: str, padding: int | Sequence[int]) -> Self:
+        """nn.ZeroPad2d over named axes: (left, right, top, bottom); negatives crop."""
+        T.index(self.axis_tags, h_tag)
+        T.index(self.axis_tags, w_tag)
+        return _pad2d(self, h_tag, w_tag, padding, 0.0)
+
+    def constant_pad2d(self, h_tag: str, w_tag: str, padding: int | Sequence[int],
+                       fill: float) -> Self:
+        """nn.ConstantPad2d over named axes: (left, right, top, bottom); negatives crop."""
+        T.index(self.axis_tags, h_tag)
+        T.index(self.axis_tags, w_tag)
+        return _pad2d(self, h_tag, w_tag, padding, fill)
+
+    def diag(self, out_tags: Sequence[str]) -> Self:
+        """Embed a rank-1 tensor as the diagonal of an [n, n] matrix tagged ``out_tags``."""
+        out = T.normalize_tags(out_tags)
+        if self.tag_count != 1 or len(out) != 2:
+            raise TagError(f"diag maps a rank-1 tensor to two tags, got {self.axis_tags} -> {out}")
+        n = self.shape[0]
+        v = emit("view", (self._node,), shape=(n, n), coeffs=((1,), (0,)), base=(0,))
+        return result(self, out, emit("binary", (v, _eye_node(n, self.dtype)), fn="mul"))
+
+    def diag_embed(self, vec_tag: str, out_tags: Sequence[str]) -> Self:
+        """Batched diag: with ``out_tags = (row_tag, col_tag)``, ``vec_tag`` becomes
+        ``row_tag`` in place and ``col_tag`` is appended last."""
+        row, col = T.normalize_tags(out_tags)
+        renamed = T.replace_tag(self.axis_tags, vec_tag, row)
+        out = T.check_tags(renamed + (col,))
+        n = self.dim(vec_tag)
+        sizes = dict(zip(renamed, self.shape), **{col: n})
+        shape = tuple(sizes[t] for t in out)
+        v = emit("view", (self._node,), shape=shape, base=(0,) * len(renamed),
+                 coeffs=tuple(tuple(int(t == u) for u in renamed) for t in out))
+        eye = emit("view", (_eye_node(n, self.dtype),), shape=shape,
+                   coeffs=tuple((int(t == row), int(t == col)) for t in out), base=(0, 0))
+        return result(self, out, emit("binary", (v, eye), fn="mul"))
+
+    def trace(self, tag_a: str, tag_b: str) -> Self:
+        """Sum of the (tag_a, tag_b) diagonal; both tags removed."""
+        tmp = "_trace_diag"
+        while tmp in self.axis_tags:
+            tmp += "_"
+        return reduce_tags(diagonal_view(self, tag_a, tag_b, tmp), (tmp,), "sum")
+
+
+class BlockRows(Tensor):
+    """Row access on block-quantized tensors."""
+
+    __slots__ = ()
+
+    def get_rows(self, tag: str, indices: Sequence[int] | np.ndarray, out_tag: str,
+                 ) -> F32Tensor:
+        """Gather rows of a rank-2 block-quantized tensor and dequantize them to f32."""
+        i = T.index(self.axis_tags, tag)
+        if self.tag_count != 2 or i != 0:
+            raise TagError("get_rows gathers along the row (first) axis of a rank-2 tensor")
+        out = T.replace_tag(self.axis_tags, tag, out_tag)
+        idx = host_indices(indices, self._node.shape[i], tag)
+        rows = _gather_node(self, i, idx)
+        return result(self, out, emit("dequantize", (rows,), src=self.dtype), DType.f32)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,8 +23,11 @@ from ..ir.execute import emit
 from ..ir.graph import Node
 from ..kernels.elementwise import PUBLIC_UNARY
 from ..rng import MASK64
-from . import math as _math
-from .base import POOL, identity_coeffs, method, result
+from .base import Tensor, identity_view, result
+from .math import binary, forward_only
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 HALF = (DType.f16, DType.bf16)
 
@@ -49,7 +52,7 @@ def narrow(node: Node, dtype: DType) -> Node:
 
 def float_op(self: Any, build: Callable[[Node], Node]) -> Any:
     """Shape-preserving float op: ``build`` maps the f32 node to the f32 result."""
-    _math._forward_only(self)
+    forward_only(self)
     return result(self, self.axis_tags, narrow(build(widen(self)), self.dtype))
 
 
@@ -72,74 +75,8 @@ def _unary_node(node: Node, fn: str, params: tuple[Any, ...] = ()) -> Node:
     return emit("unary", (node,), fn=fn)
 
 
-# -- unary(op) and its aliases ----------------------------------------------------------
-
-
-@method
-def unary(self: Any, op: str) -> Any:
-    """Apply the elementwise op named ``op`` (the reference's UnaryOp set, e.g. "relu",
-    "softplus", "gelu_quant"); TagError for an unknown name."""
-    if not isinstance(op, str) or op not in PUBLIC_UNARY:
-        raise TagError(f"unknown unary op {op!r}; expected one of {PUBLIC_UNARY}")
-    if op == "neg":
-        return self.neg()
-    return float_op(self, lambda n: _unary_node(n, op))
-
-
-_ALIASES = {
-    "relu": ("relu", "max(x, 0) (NaN propagates); gradient 1 where x > 0."),
-    "exp": ("exp", "e^x."),
-    "sqrt": ("sqrt", "Square root (NaN below 0)."),
-    "rsqrt": ("rsqrt", "1 / sqrt(x)."),
-    "sigmoid": ("sigmoid", "1 / (1 + e^-x)."),
-    "silu": ("silu", "x * sigmoid(x)."),
-    "log": ("log", "Natural log."),
-    "log1p": ("log1p", "log(1 + x), accurate near 0."),
-    "abs": ("abs", "|x|; gradient sign(x) (0 at 0)."),
-    "sin": ("sin", "sin(x)."),
-    "cos": ("cos", "cos(x)."),
-    "tanh": ("tanh", "tanh(x)."),
-    "fast_tanh": ("fast_tanh", "The NAM rational tanh approximation."),
-    "softcap30": ("softcap_30", "30 tanh(x / 30) logit softcap."),
-    "softcap15": ("softcap_15", "15 tanh(x / 15) logit softcap."),
-    "gelu": ("gelu", "GELU, tanh approximation."),
-    "quick_gelu": ("quick_gelu", "x * sigmoid(1.702 x)."),
-    "elu": ("elu", "ELU with alpha 1: x > 0 ? x : expm1(x)."),
-    "gelu_erf": ("gelu_erf", "Exact (erf) GELU."),
-    "floor": ("floor", "Round toward -inf; zero gradient."),
-    "ceil": ("ceil", "Round toward +inf; zero gradient."),
-    "round": ("round", "Round half to even (torch.round); zero gradient."),
-    "sign": ("sign", "1 / -1 / x itself (keeps +-0 and NaN); zero gradient."),
-    "reciprocal": ("reciprocal", "1 / x."),
-}
-
-
-def _make_alias(name: str, fn: str, doc: str) -> None:
-    def op(self: Any) -> Any:
-        return float_op(self, lambda n: _unary_node(n, fn))
-
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = doc
-    POOL[name] = op
-
-
-for _name, (_fn, _doc) in _ALIASES.items():
-    _make_alias(_name, _fn, _doc)
-
-
-@method
-def __abs__(self: Any) -> Any:
-    return self.abs()
-
-
-# -- parameterized elementwise ops -----------------------------------------------
-
-
-@method
-def leaky_relu(self: Any, negative_slope: float = 0.01) -> Any:
-    """x > 0 ? x : negative_slope * x."""
-    s = f32_param(negative_slope, "negative_slope")
-    return float_op(self, lambda n: _unary_node(n, "leaky_relu", (s,)))
+def _apply(self: Any, fn: str, params: tuple[Any, ...] = ()) -> Any:
+    return float_op(self, lambda n: _unary_node(n, fn, params))
 
 
 def _bound(v: Any, default: float, what: str) -> float:
@@ -154,71 +91,185 @@ def _bound(v: Any, default: float, what: str) -> float:
 def _clamp(self: Any, lo: float, hi: float) -> Any:
     if lo > hi:
         raise InvalidShape(f"clamp bounds are reversed: min {lo} > max {hi}")
-    return float_op(self, lambda n: _unary_node(n, "clamp", (lo, hi)))
+    return _apply(self, "clamp", (lo, hi))
 
 
-@method
-def clamp(self: Any, min_value: float | None, max_value: float | None) -> Any:
-    """min(max(x, min_value), max_value) (torch.clamp; NaN propagates). ``None`` leaves a
-    side open. Gradient 1 inside [min, max] (inclusive), 0 outside. InvalidShape when
-    min > max or a bound is NaN."""
-    return _clamp(self, _bound(min_value, -math.inf, "min_value"),
-                  _bound(max_value, math.inf, "max_value"))
+class UnaryMath(Tensor):
+    """Elementwise activations, rounding and transcendental functions (f32, f16, bf16).
 
-
-@method
-def clamp_min(self: Any, min_value: float) -> Any:
-    """max(x, min_value) (torch.clamp_min)."""
-    return _clamp(self, _bound(real(min_value, "min_value"), -math.inf, "min_value"), math.inf)
-
-
-@method
-def clamp_max(self: Any, max_value: float) -> Any:
-    """min(x, max_value) (torch.clamp_max)."""
-    return _clamp(self, -math.inf, _bound(real(max_value, "max_value"), math.inf, "max_value"))
-
-
-@method
-def dropout(self: Any, p: float, seed: int) -> Any:
-    """Inverted dropout: element i (row-major flat index) keeps x[i] / (1 - p) iff the
-    53-bit uniform of ``fucina.rng.at(seed, i)`` is below 1 - p, else 0.
-
-    The mask is never stored: forward and backward regenerate it from (seed, i).
-    Requires 0 <= p < 1 (InvalidShape otherwise); p == 0 is an identity view.
+    On f16/bf16 each op computes through f32 and rounds once; typed-float math is
+    forward-only.
     """
-    pv = real(p, "p")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an integer, got {seed!r}")
-    p32 = f32_param(pv, "p")
-    if not (0.0 <= pv < 1.0) or not (0.0 <= p32 < 1.0):
-        raise InvalidShape(f"dropout needs 0 <= p < 1, got {p!r}")
-    _math._forward_only(self)
-    node = self._node
-    if p32 == 0.0:
-        r = len(node.shape)
-        return result(self, self.axis_tags, emit(
-            "view", (node,), shape=node.shape, coeffs=identity_coeffs(r), base=(0,) * r))
-    # the seed travels as a uint64 scalar so every kernel specializes on one type
-    params = (np.uint64(int(seed) & MASK64), p32)
-    return result(self, self.axis_tags, _unary_node(node, "dropout", params))
+
+    __slots__ = ()
+
+    def unary(self, op: str) -> Self:
+        """Apply the elementwise op named ``op`` (the reference's UnaryOp set, e.g.
+        "relu", "softplus", "gelu_quant"); TagError for an unknown name."""
+        if not isinstance(op, str) or op not in PUBLIC_UNARY:
+            raise TagError(f"unknown unary op {op!r}; expected one of {PUBLIC_UNARY}")
+        if op == "neg":
+            forward_only(self)
+            return result(self, self.axis_tags, emit("unary", (self._node,), fn="neg"))
+        return _apply(self, op)
+
+    def relu(self) -> Self:
+        """max(x, 0) (NaN propagates); gradient 1 where x > 0."""
+        return _apply(self, "relu")
+
+    def exp(self) -> Self:
+        """e^x."""
+        return _apply(self, "exp")
+
+    def sqrt(self) -> Self:
+        """Square root (NaN below 0)."""
+        return _apply(self, "sqrt")
+
+    def rsqrt(self) -> Self:
+        """1 / sqrt(x)."""
+        return _apply(self, "rsqrt")
+
+    def sigmoid(self) -> Self:
+        """1 / (1 + e^-x)."""
+        return _apply(self, "sigmoid")
+
+    def silu(self) -> Self:
+        """x * sigmoid(x)."""
+        return _apply(self, "silu")
+
+    def log(self) -> Self:
+        """Natural log."""
+        return _apply(self, "log")
+
+    def log1p(self) -> Self:
+        """log(1 + x), accurate near 0."""
+        return _apply(self, "log1p")
+
+    def abs(self) -> Self:
+        """|x|; gradient sign(x) (0 at 0)."""
+        return _apply(self, "abs")
+
+    def sin(self) -> Self:
+        """sin(x)."""
+        return _apply(self, "sin")
+
+    def cos(self) -> Self:
+        """cos(x)."""
+        return _apply(self, "cos")
+
+    def tanh(self) -> Self:
+        """tanh(x)."""
+        return _apply(self, "tanh")
+
+    def fast_tanh(self) -> Self:
+        """The NAM rational tanh approximation."""
+        return _apply(self, "fast_tanh")
+
+    def softcap30(self) -> Self:
+        """30 tanh(x / 30) logit softcap."""
+        return _apply(self, "softcap_30")
+
+    def softcap15(self) -> Self:
+        """15 tanh(x / 15) logit softcap."""
+        return _apply(self, "softcap_15")
+
+    def gelu(self) -> Self:
+        """GELU, tanh approximation."""
+        return _apply(self, "gelu")
+
+    def quick_gelu(self) -> Self:
+        """x * sigmoid(1.702 x)."""
+        return _apply(self, "quick_gelu")
+
+    def elu(self) -> Self:
+        """ELU with alpha 1: x > 0 ? x : expm1(x)."""
+        return _apply(self, "elu")
+
+    def gelu_erf(self) -> Self:
+        """Exact (erf) GELU."""
+        return _apply(self, "gelu_erf")
+
+    def floor(self) -> Self:
+        """Round toward -inf; zero gradient."""
+        return _apply(self, "floor")
+
+    def ceil(self) -> Self:
+        """Round toward +inf; zero gradient."""
+        return _apply(self, "ceil")
+
+    def round(self) -> Self:
+        """Round half to even (torch.round); zero gradient."""
+        return _apply(self, "round")
+
+    def sign(self) -> Self:
+        """1 / -1 / x itself (keeps +-0 and NaN); zero gradient."""
+        return _apply(self, "sign")
+
+    def reciprocal(self) -> Self:
+        """1 / x."""
+        return _apply(self, "reciprocal")
+
+    def __abs__(self) -> Self:
+        return self.abs()
+
+    def leaky_relu(self, negative_slope: float = 0.01) -> Self:
+        """x > 0 ? x : negative_slope * x."""
+        return _apply(self, "leaky_relu", (f32_param(negative_slope, "negative_slope"),))
+
+    def clamp(self, min_value: float | None, max_value: float | None) -> Self:
+        """min(max(x, min_value), max_value) (torch.clamp; NaN propagates). ``None``
+        leaves a side open. Gradient 1 inside [min, max] (inclusive), 0 outside.
+        InvalidShape when min > max or a bound is NaN."""
+        return _clamp(self, _bound(min_value, -math.inf, "min_value"),
+                      _bound(max_value, math.inf, "max_value"))
+
+    def pow_scalar(self, exponent: float) -> Self:
+        """x ** exponent (f16/bf16: computed in f32 with an f32 exponent, narrowed once)."""
+        e = real(exponent, "exponent")
+        return float_op(self, lambda n: emit("scalar", (n,), fn="pow", value=e))
 
 
-# -- pow -------------------------------------------------------------------------
+class UnaryF32(Tensor):
+    """Tensor exponents, one-sided clamps and dropout (f32)."""
 
+    __slots__ = ()
 
-@method
-def pow(self: Any, other: Any) -> Any:
-    """self ** other elementwise with tag broadcasting (C pow domain: a negative base with
-    a non-integer exponent is NaN, 0 ** 0 = 1). Differentiable in both operands; the
-    exponent gradient ln(a) a^b is meaningful for positive bases, as in torch. A Python
-    number exponent is :meth:`pow_scalar`."""
-    if isinstance(other, numbers.Real) and not isinstance(other, bool):
-        return self.pow_scalar(other)
-    return _math._binary(self, other, "pow")
+    def pow(self, other: Tensor | float) -> Self:
+        """self ** other elementwise with tag broadcasting (C pow domain: a negative base
+        with a non-integer exponent is NaN, 0 ** 0 = 1). Differentiable in both
+        operands; the exponent gradient ln(a) a^b is meaningful for positive bases, as
+        in torch. A Python number exponent is :meth:`UnaryMath.pow_scalar`."""
+        if isinstance(other, numbers.Real) and not isinstance(other, bool):
+            e = real(other, "exponent")
+            return float_op(self, lambda n: emit("scalar", (n,), fn="pow", value=e))
+        return binary(self, other, "pow")
 
+    def clamp_min(self, min_value: float) -> Self:
+        """max(x, min_value) (torch.clamp_min)."""
+        return _clamp(self, _bound(real(min_value, "min_value"), -math.inf, "min_value"),
+                      math.inf)
 
-@method
-def pow_scalar(self: Any, exponent: float) -> Any:
-    """x ** exponent (f16/bf16: computed in f32 with an f32 exponent, narrowed once)."""
-    e = real(exponent, "exponent")
-    return float_op(self, lambda n: emit("scalar", (n,), fn="pow", value=e))
+    def clamp_max(self, max_value: float) -> Self:
+        """min(x, max_value) (torch.clamp_max)."""
+        return _clamp(self, -math.inf,
+                      _bound(real(max_value, "max_value"), math.inf, "max_value"))
+
+    def dropout(self, p: float, seed: int) -> Self:
+        """Inverted dropout: element i (row-major flat index) keeps x[i] / (1 - p) iff the
+        53-bit uniform of ``fucina.rng.at(seed, i)`` is below 1 - p, else 0.
+
+        The mask is never stored: forward and backward regenerate it from (seed, i).
+        Requires 0 <= p < 1 (InvalidShape otherwise); p == 0 is an identity view.
+        """
+        pv = real(p, "p")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        p32 = f32_param(pv, "p")
+        if not (0.0 <= pv < 1.0) or not (0.0 <= p32 < 1.0):
+            raise InvalidShape(f"dropout needs 0 <= p < 1, got {p!r}")
+        forward_only(self)
+        if p32 == 0.0:
+            return result(self, self.axis_tags, identity_view(self))
+        # the seed travels as a uint64 scalar so every kernel specializes on one type
+        params = (np.uint64(int(seed) & MASK64), p32)
+        return result(self, self.axis_tags, _unary_node(self._node, "dropout", params))
