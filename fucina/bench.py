@@ -319,11 +319,11 @@ def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_
         def loss_fn(x: Any, y: Any, params: list[Any] = params) -> Any:
             return _fucina_loss(params, x, y, act)
 
-        run = F.compile(loss_fn) if mode == "compiled" else loss_fn
-        step = fucina_step(run, opt)
+        fast = F.compile(loss_fn)
+        step = fucina_step(fast if mode == "compiled" else loss_fn, opt)
         setattr(c, mode, best_time(step, mt, repeats=3 if quick else 5))
         if mode == "compiled":
-            c.notes["kernels"] = len(run.kernels(x, y))
+            c.notes["kernels"] = len(fast.kernels(x, y))
     if torch is None:
         return c
     tx, tl = torch.from_numpy(x0), torch.from_numpy(labels)
