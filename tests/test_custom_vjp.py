@@ -191,3 +191,26 @@ def test_compiled_custom_vjp_equals_eager(ctx):
     np.testing.assert_allclose(got, want, rtol=1e-6)
     for a, b in zip(eager, comp):
         np.testing.assert_allclose(b.grad().numpy(), a.grad().numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_compiled_custom_vjp_over_a_captured_weight(ctx):
+    def make():
+        w = D.variable_from_slice(ctx, (8,), np.linspace(-1, 1, 8))
+
+        def step(x):
+            loss = F.custom_vjp(ScaledSquare, 0.5, (x.mul(w),)).sum_all()
+            loss.backward()
+            return loss
+
+        return w, step
+
+    x = D.from_slice(ctx, (8,), np.linspace(0.5, 4, 8))
+    w_eager, eager = make()
+    w_comp, comp = make()
+    fast = F.compile(comp)
+    for _ in range(2):
+        np.testing.assert_allclose(fast(x).item(), eager(x).item(), rtol=1e-6)
+    # d/dw sum(0.5 (x w)^2) = x^2 w, accumulated over two calls
+    want = 2 * np.linspace(0.5, 4, 8) ** 2 * np.linspace(-1, 1, 8)
+    np.testing.assert_allclose(w_eager.grad().numpy(), want, rtol=1e-5)
+    np.testing.assert_allclose(w_comp.grad().numpy(), want, rtol=1e-5)
