@@ -19,7 +19,7 @@ from .autograd_tools import (
 )
 from .blocks import *  # noqa: F403 - GGML block dtypes and block-size constants
 from .blocks import BLOCK_DTYPES, BLOCK_SIZES
-from .compile import Compiled, compile  # noqa: A004 - fucina.compile is the public name
+from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
     CheckpointMissingInputGradient,

@@ -98,7 +98,7 @@ class Compiled:
         if self._hints is None:
             try:
                 self._hints = typing.get_type_hints(self.fn)
-            except Exception:  # noqa: BLE001 - unresolvable hints are simply not checked
+            except Exception:
                 self._hints = {}
         return self._hints
 
@@ -221,6 +221,6 @@ def _rebuild(s: Any, outs: list[Any]) -> Any:
     return tag(_rebuild(x, outs) for x in payload)
 
 
-def compile(fn: Callable[..., Any]) -> Compiled:  # noqa: A001 - the public name
+def compile(fn: Callable[..., Any]) -> Compiled:
     """Trace ``fn`` per input signature into an optimized program of fused kernels."""
     return Compiled(fn)

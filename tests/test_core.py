@@ -79,7 +79,7 @@ def test_calling_a_concrete_type_is_an_error():
 def test_matmul_operator_refuses(ctx):
     a = F.Tensor("m", "k").zeros(ctx, (2, 2))
     with pytest.raises(TypeError, match="name its tag"):
-        a @ a  # noqa: B018
+        a @ a
 
 
 # -- construction and data ----------------------------------------------------------

@@ -232,3 +232,61 @@ def test_slots_keep_tensors_small(ctx):
     with pytest.raises(AttributeError):
         x.extra = 1
     assert np.array_equal(x.numpy(), [1, 2])
+
+
+# -- a tensor where a tag is expected, a tag where a tensor is expected -----------------
+
+_TYPE = "a tensor of type fucina.Tensor('a', 'b')"
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda x: x.concat(x, "s"), "concat(): argument 'tag' expects a tag name (str), got " + _TYPE),
+    (lambda x: x.sum(x), "sum(): argument 'tag' expects a tag name (str), got " + _TYPE),
+    (lambda x: x.dot(x, x), "dot(): argument 'contract' expects a tag name (str), got " + _TYPE),
+    (lambda x: x.gather("a", [0], x), "gather(): argument 'out_tag' expects a tag name"),
+    (lambda x: x.softmax(3), "softmax(): argument 'tag' expects a tag name (str), got int 3"),
+    (lambda x: x.permute_to(x), "permute_to(): argument 'target' (an element) expects a tag "
+                                "tuple or a rank, got " + _TYPE),
+    (lambda x: x.split("a", x, (1, 2)), "split(): argument 'parts' expects a tag tuple"),
+    (lambda x: x.reshape(x, (6,)), "reshape(): argument 'new_tags' expects a tag tuple"),
+    (lambda x: x.with_tags(x, "c"), "with_tags(): argument 'new_tags' (an element)"),
+    (lambda x: x.matmul(x, "plain", x), "matmul(): argument 'out_tags' expects a tag tuple"),
+    (lambda x: F.Tensor(x), "argument 'spec' (an element) expects a tag tuple or a rank"),
+])
+def test_tensor_passed_as_tag_names_the_argument(ctx, call, message):
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [1, 2, 3, 4, 5, 6])
+    with pytest.raises(F.TagError) as info:
+        call(x)
+    assert isinstance(info.value, TypeError)
+    assert str(info.value).startswith(message) or message in str(info.value), str(info.value)
+    assert "[[" not in str(info.value)  # never a whole tensor repr as a "tag"
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda x: x.add("a"), "add(): argument 'other' expects a fucina tensor (operand), "
+                           "got str 'a'"),
+    (lambda x: x.dot("b", x), "dot(): argument 'other' expects a fucina tensor"),
+    (lambda x: x.concat("a", x), "concat(): argument 'others' expects a sequence of fucina "
+                                 "tensors (concat operands), got " + _TYPE),
+    (lambda x: x.concat("a", ["b"]), "concat(): argument 'others' (an element) expects a "
+                                     "fucina tensor"),
+    (lambda x: x.where(x > 1, 0.0), "where(): argument 'other' expects a fucina tensor"),
+    (lambda x: x.masked_fill("b", 0.0), "masked_fill(): argument 'mask' expects a fucina "
+                                        "tensor"),
+    (lambda x: F.einsum_many(("a",), x), "einsum_many(): argument 'operands' expects a "
+                                         "sequence of fucina tensors"),
+    (lambda x: x.compare("lt", "b"), "compare(): argument 'other' expects a fucina tensor"),
+    (lambda x: type(x).from_slice([1], (2, 3), [0] * 6), "from_slice(): argument 'ctx' "
+                                                        "expects an ExecContext"),
+])
+def test_tag_passed_as_tensor_names_the_argument(ctx, call, message):
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [1, 2, 3, 4, 5, 6])
+    with pytest.raises(TypeError) as info:
+        call(x)
+    assert message in str(info.value), str(info.value)
+
+
+def test_argument_naming_works_under_compile(ctx):
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [1, 2, 3, 4, 5, 6])
+    with pytest.raises(F.TagError, match="sum\\(\\): argument 'tag' expects a tag name"):
+        F.compile(lambda t: t.sum(t))(x)

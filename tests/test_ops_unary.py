@@ -27,8 +27,8 @@ RNG = np.random.default_rng(7)
 try:
     from fucina.kernels.codegen import FASTMATH as _FM_TEXT
 
-    FASTMATH = eval(_FM_TEXT)  # noqa: S307 - the generator's own flag-set literal
-except Exception:  # noqa: BLE001 - the generator is optional for this test
+    FASTMATH = eval(_FM_TEXT)
+except Exception:
     FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
 EDGE = np.array([
@@ -59,7 +59,7 @@ def _template_kernel(entries: list[tuple[str, int]]):
     src = (f"def kern({', '.join(args)}):\n    for i in range(x.shape[0]):\n"
            "        v = x[i]\n" + "\n".join(lines) + "\n")
     env = {"math": math, "np": np, "sf": sf, "vm": vm}
-    exec(src, env)  # noqa: S102 - generated test source
+    exec(src, env)
     return njit(fastmath=FASTMATH)(env["kern"])
 
 
@@ -100,7 +100,7 @@ def test_binary_scalar_helpers_match_numpy():
         src = ("def kern(a, b, out):\n    for i in range(a.shape[0]):\n"
                f"        out[i] = {BINARY[fn].template.format(a='a[i]', b='b[i]')}\n")
         env = {"math": math, "np": np, "sf": sf, "vm": vm}
-        exec(src, env)  # noqa: S102 - generated test source
+        exec(src, env)
         return njit(fastmath=FASTMATH)(env["kern"])
 
     a = np.concatenate([EDGE, RNG.standard_normal(50).astype(np.float32) * 3])

@@ -21,6 +21,7 @@ import numpy as np
 from ..dtypes import DType
 from ..kernels import codegen as cg
 from ..kernels.elementwise import BINARY, COMPARE, SCALAR, UNARY
+from ..runtime.raw import contiguous_strides
 from .graph import Node
 
 EW_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy"})
@@ -93,14 +94,6 @@ class Group:
         return tuple(self.full_shape[a] for a in self.kept_axes) or (1,)
 
 
-def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
-
-
 class Fuser:
     """Assigns every compute node to a group (kernel) or to the reference path."""
 
@@ -128,7 +121,7 @@ class Fuser:
         val = v.value
         if tuple(val.shape) != g.full_shape or val.offset != p.value.offset:
             return None
-        kc = _contig(tuple(g.full_shape[a] for a in g.kept_axes))
+        kc = contiguous_strides(tuple(g.full_shape[a] for a in g.kept_axes))
         for k, a in enumerate(g.kept_axes):
             if g.full_shape[a] != 1 and val.strides[a] != kc[k]:
                 return None
@@ -257,14 +250,6 @@ class Fuser:
 
 
 @dataclass
-class Binding:
-    """How a kernel operand maps to a program value at run time."""
-
-    node: Node          # the value node (its storage is the buffer)
-    level: str
-
-
-@dataclass
 class BuiltKernel:
     """A group turned into a spec plus the per-call integer arguments."""
 
@@ -372,8 +357,8 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
         else:
             table.append(([st[a] if full[a] != 1 else 0 for a in loop_axes], "full",
                           v.value.offset))
-    fc = _contig(full)
-    kc = _contig(tuple(full[a] for a in kept_axes))
+    fc = contiguous_strides(full)
+    kc = contiguous_strides(tuple(full[a] for a in kept_axes))
     for n in outputs:
         if g.level[id(n)] == "kept" and g.raxes:
             table.append((list(kc), "kept", 0))

@@ -195,8 +195,3 @@ _op("scatter_flat_add", infer=_given_shape)
 _op("embed_view", infer=_embed)
 _op("fill", infer=_fill, differentiable=False)
 _op("dequantize", infer=lambda ins, attrs: (ins[0].shape, DType.f32), differentiable=False)
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    """Element count of ``shape``."""
-    return math.prod(shape)

@@ -68,14 +68,13 @@ _LOCK = threading.Lock()
 class Kernel:
     """A generated kernel: its source, a stable name and the Numba dispatcher."""
 
-    __slots__ = ("name", "source", "fn", "_first", "signature_seen")
+    __slots__ = ("name", "source", "fn", "_first")
 
     def __init__(self, name: str, source: str, fn: Any):
         self.name = name
         self.source = source
         self.fn = fn
         self._first = True
-        self.signature_seen: set[tuple[Any, ...]] = set()
 
     def __call__(self, *args: Any) -> None:
         self.fn(*args)

@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
+
+from ..rng import uniform53_jit
 
 
 @dataclass(frozen=True)
@@ -203,21 +206,18 @@ def _clamp_grad(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return ((x >= _typed(x, lo)) & (x <= _typed(x, hi))).astype(x.dtype)
 
 
-_U64 = np.uint64
-_GAMMA, _MIX1, _MIX2 = _U64(0x9E3779B97F4A7C15), _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+@njit(cache=True)
+def _keep_kernel(seed: np.uint64, threshold: float, out: np.ndarray) -> None:
+    for i in range(out.shape[0]):
+        out[i] = uniform53_jit(seed, np.uint64(i)) < threshold
 
 
 def dropout_keep_mask(seed: int, p: float, shape: tuple[int, ...]) -> np.ndarray:
     """Keep mask of dropout over ``shape``: element i (row-major) is kept iff the
     53-bit uniform of ``rng.at(seed, i)`` is below ``1 - p`` (p taken as f32)."""
-    n = int(np.prod(shape))
-    with np.errstate(over="ignore"):
-        z = _U64(seed) + (np.arange(n, dtype=np.uint64) + _U64(1)) * _GAMMA
-        z = (z ^ (z >> _U64(30))) * _MIX1
-        z = (z ^ (z >> _U64(27))) * _MIX2
-        z = z ^ (z >> _U64(31))
-    u = (z >> _U64(11)).astype(np.float64) * 2.0**-53
-    return (u < 1.0 - np.float64(np.float32(p))).reshape(shape)
+    out = np.empty(int(np.prod(shape)), dtype=np.bool_)
+    _keep_kernel(np.uint64(seed), 1.0 - np.float64(np.float32(p)), out)
+    return out.reshape(shape)
 
 
 def _dropout(x: np.ndarray, seed: int, p: float) -> np.ndarray:

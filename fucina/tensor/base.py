@@ -189,13 +189,17 @@ class Tensor(metaclass=_TensorMeta):
             self._node_ = None
 
     def __repr__(self) -> str:
+        """numpy-style values (summarized with ``...`` when large), tags, shape, dtype
+        unless f32, and ``requires_grad``."""
         return tensor_repr(self)
 
     def __matmul__(self, other: object) -> Any:
+        """``@`` raises TypeError: a contraction names its tag (``a.dot(b, "k")``)."""
         raise TypeError("'@' is not supported: a contraction must name its tag, "
                         "e.g. a.dot(b, 'k')")
 
     def __rmatmul__(self, other: object) -> Any:
+        """``@`` raises TypeError: a contraction names its tag."""
         raise TypeError("'@' is not supported: a contraction must name its tag, "
                         "e.g. a.dot(b, 'k')")
 
@@ -214,10 +218,12 @@ class Tensor(metaclass=_TensorMeta):
         self._node_ = None
 
     def __enter__(self) -> Self:
+        """``with T.zeros(ctx, shape) as x:`` deinit's ``x`` when the block ends."""
         self._node  # noqa: B018 - raises Deinitialized
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Release the tensor (:meth:`deinit`) unless it already was."""
         if self._node_ is not None:
             self.deinit()
 

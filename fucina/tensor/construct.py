@@ -152,6 +152,7 @@ class Filled(Tensor):
         """Copy a numpy array with one dimension per tag; the shape comes from the array
         (a scalar type takes a 0-d or one-element array). Values convert to the dtype as
         in :meth:`from_slice`; ``from_borrowed_slice`` is the zero-copy form."""
+        ctx = _ctx(ctx)
         if not isinstance(array, np.ndarray):
             raise TypeError(explain(array, "a numpy array"))
         if array.ndim != cls.tag_count and not (cls.tag_count == 0 and array.size == 1):
@@ -159,7 +160,7 @@ class Filled(Tensor):
                 f"from_numpy: {cls!r} has {cls.tag_count} axes, the array has {array.ndim} "
                 f"dimensions (shape {array.shape})")
         shape = array.shape if cls.tag_count else (1,)
-        return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, array.reshape(-1)))
+        return _wrap_raw(cls, ctx, _from_values(cls, ctx, shape, array.reshape(-1)))
 
     @classmethod
     def from_borrowed_const_slice(cls, ctx: ExecContext, shape: Sequence[int],

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numbers
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import tags as T
 from ..dtypes import DType, reduction_dtype
 from ..errors import ShapeMismatch, TagError, UnsupportedGradient
@@ -143,6 +145,17 @@ def _logical(self: Any, other: Any, fn: str) -> Any:
     return result(self, self.axis_tags, node, DType.bool)
 
 
+def _foreign(other: object, op: str) -> Any:
+    """An operator's answer to an operand that is neither a tensor nor a number:
+    numpy arrays get a TypeError that says how to convert, anything else
+    NotImplemented (so Python tries the other operand's reflected operator)."""
+    if isinstance(other, np.ndarray):
+        raise TypeError(
+            f"'{op}' between a fucina tensor and a numpy array: make the array a tensor "
+            f"(T.from_numpy(ctx, array)) or the tensor an array (np.asarray(x))")
+    return NotImplemented
+
+
 def _no_scalar(self: Any, op: str) -> TypeError:
     return TypeError(
         f"'{op}' on {self.dtype.value} tensors takes another {self.dtype.value} tensor; "
@@ -194,52 +207,60 @@ class FloatArithmetic(Tensor):
         return scalar_op(self, "div", s)
 
     def __add__(self, other: Tensor | float) -> Self:
+        """``a + b`` is :meth:`add`; ``a + 2.0`` adds a scalar."""
         if isinstance(other, Tensor):
             return binary(self, other, "add")
         if _is_number(other):
             return scalar_op(self, "add", other)
-        return NotImplemented
+        return _foreign(other, "+")
 
     def __radd__(self, other: float) -> Self:
+        """``2.0 + a`` adds a scalar."""
         if _is_number(other):
             return scalar_op(self, "add", other)
-        return NotImplemented
+        return _foreign(other, "+")
 
     def __sub__(self, other: Tensor | float) -> Self:
+        """``a - b`` is :meth:`sub`; ``a - 2.0`` subtracts a scalar."""
         if isinstance(other, Tensor):
             return binary(self, other, "sub")
         if _is_number(other):
             return scalar_op(self, "add", -other)
-        return NotImplemented
+        return _foreign(other, "-")
 
     def __rsub__(self, other: float) -> Self:
+        """``2.0 - a``: a scalar minus each element."""
         if _is_number(other):
             return scalar_op(self, "rsub", other)
-        return NotImplemented
+        return _foreign(other, "-")
 
     def __mul__(self, other: Tensor | float) -> Self:
+        """``a * b`` is :meth:`mul`; ``a * 2.0`` is :meth:`scale`."""
         if isinstance(other, Tensor):
             return binary(self, other, "mul")
         if _is_number(other):
             return scalar_op(self, "mul", other)
-        return NotImplemented
+        return _foreign(other, "*")
 
     def __rmul__(self, other: float) -> Self:
+        """``2.0 * a`` is :meth:`scale`."""
         if _is_number(other):
             return scalar_op(self, "mul", other)
-        return NotImplemented
+        return _foreign(other, "*")
 
     def __truediv__(self, other: Tensor | float) -> Self:
+        """``a / b`` is :meth:`div`; ``a / 2.0`` is :meth:`div_scalar`."""
         if isinstance(other, Tensor):
             return binary(self, other, "div")
         if _is_number(other):
             return scalar_op(self, "div", other)
-        return NotImplemented
+        return _foreign(other, "/")
 
     def __rtruediv__(self, other: float) -> Self:
+        """``2.0 / a``: a scalar divided by each element."""
         if _is_number(other):
             return scalar_op(self, "rdiv", other)
-        return NotImplemented
+        return _foreign(other, "/")
 
 
 # -- f32 / f16 / bf16 scalar forms ------------------------------------------------------------
@@ -264,9 +285,11 @@ class ScalarMath(Tensor):
         return result(self, self.axis_tags, emit("unary", (self._node,), fn="neg"))
 
     def __neg__(self) -> Self:
+        """``-a`` is :meth:`neg`."""
         return self.neg()
 
     def __pow__(self, s: float) -> Self:
+        """``a ** s`` is :meth:`pow_scalar` (a Python number exponent)."""
         return scalar_op(self, "pow", s)
 
 
@@ -307,15 +330,19 @@ class Ordering(Tensor):
         return binary(self, other, "minimum")
 
     def __lt__(self, other: Tensor | float) -> BoolTensor:
+        """``a < b`` is ``compare("lt", b)``."""
         return self.compare("lt", other)
 
     def __le__(self, other: Tensor | float) -> BoolTensor:
+        """``a <= b`` is ``compare("le", b)``."""
         return self.compare("le", other)
 
     def __gt__(self, other: Tensor | float) -> BoolTensor:
+        """``a > b`` is ``compare("gt", b)``."""
         return self.compare("gt", other)
 
     def __ge__(self, other: Tensor | float) -> BoolTensor:
+        """``a >= b`` is ``compare("ge", b)``."""
         return self.compare("ge", other)
 
 

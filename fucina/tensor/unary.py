@@ -210,6 +210,7 @@ class UnaryMath(Tensor):
         return _apply(self, "reciprocal")
 
     def __abs__(self) -> Self:
+        """``abs(a)`` is :meth:`abs`."""
         return self.abs()
 
     def leaky_relu(self, negative_slope: float = 0.01) -> Self:
