@@ -287,7 +287,7 @@ def _state_array(v: Any, p: Any, where: str) -> np.ndarray:
     else:
         try:
             arr = np.asarray(v)
-        except Exception:  # noqa: BLE001 - anything that is not array-like
+        except Exception:  # an object's __array__ may raise anything: report the entry
             raise TypeError(f"{where} must be a tensor or an array, got "
                             f"{type(v).__name__}") from None
         if arr.dtype != np.float32:
