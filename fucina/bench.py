@@ -457,7 +457,8 @@ def conditions() -> dict[str, Any]:
 
     info = {"python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
-            "fucina": F.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "fucina": F.__version__, "threading_layer": F.internal.threading_layer(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()

@@ -40,23 +40,6 @@ def test_cross_entropy_matches_torch(reduction, smoothing, ignore):
     np.testing.assert_allclose(x.grad().numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
-def test_cross_entropy_api_example_and_errors():
-    ctx = F.ExecContext()
-    logits = F.Tensor("batch", "class").variable_from_slice(ctx, (2, 3), np.zeros((2, 3)))
-    loss = logits.cross_entropy("class", [2, 0])
-    np.testing.assert_allclose(loss.item(), np.log(3), rtol=1e-6)  # uniform logits: ln K
-    loss.backward()
-    assert logits.grad() is not None
-    with pytest.raises(F.IndexOutOfBounds):
-        logits.cross_entropy("class", [3, 0])
-    with pytest.raises(F.InvalidShape):
-        logits.cross_entropy("class", [1])
-    with pytest.raises(F.TagError):
-        logits.cross_entropy("nope", [1, 0])
-    all_ignored = logits.cross_entropy("class", [1, 1], ignore_index=1)
-    assert all_ignored.item() == 0.0
-
-
 def test_softmax_family_matches_torch():
     rng = np.random.default_rng(2)
     x0 = rng.standard_normal((3, 4, 5)).astype(np.float32) * 3

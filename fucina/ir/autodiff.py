@@ -371,15 +371,18 @@ def _contract(n: Node, g: Node) -> Grads:
 
 @rule("gather")
 def _gather(n: Node, g: Node) -> Grads:
-    x = n.inputs[0]
+    x, *index = n.inputs  # positions: the attribute, or a traced i64 input (no gradient)
     axis = n.attrs["axis"]
-    return (emit("scatter_axis_add", (g,), axis=axis, index=n.attrs["index"],
-                 dim=x.shape[axis]),)
+    gx = emit("scatter_axis_add", (g, *index), axis=axis, index=n.attrs.get("index"),
+              dim=x.shape[axis])
+    return (gx, None) if index else (gx,)
 
 
 @rule("scatter_axis_add")
 def _scatter_axis_add(n: Node, g: Node) -> Grads:
-    return (emit("gather", (g,), axis=n.attrs["axis"], index=n.attrs["index"]),)
+    _, *index = n.inputs
+    gx = emit("gather", (g, *index), axis=n.attrs["axis"], index=n.attrs.get("index"))
+    return (gx, None) if index else (gx,)
 
 
 @rule("index_add")

@@ -15,11 +15,14 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numba
+
+from ..runtime.lru import LRU
 
 _VERSION = "2"  # bump when generated code conventions change
 
@@ -49,16 +52,29 @@ def cache_dir() -> Path:
 
 @dataclass
 class CacheInfo:
-    """Kernel cache counters for this process."""
+    """Cache counters and sizes for this process.
+
+    ``compiled``/``memory_hits``/``disk_hits`` count kernel loads, ``kernels``
+    the kernels loaded so far. Every cache is bounded (least recently used
+    entries dropped): ``kernel_cache`` (generated kernels held in memory),
+    ``plan_cache`` (eager op signatures) and ``program_cache`` (traced
+    programs held by live compiled functions; the bound is per function) each
+    report ``(size, maxsize)``.
+    """
 
     compiled: int = 0
     memory_hits: int = 0
     disk_hits: int = 0
     kernels: int = 0
+    kernel_cache: tuple[int, int] = (0, 0)
+    plan_cache: tuple[int, int] = (0, 0)
+    program_cache: tuple[int, int] = (0, 0)
 
     def __repr__(self) -> str:
         return (f"CacheInfo(compiled={self.compiled}, memory_hits={self.memory_hits}, "
-                f"disk_hits={self.disk_hits}, kernels={self.kernels})")
+                f"disk_hits={self.disk_hits}, kernels={self.kernels}, "
+                f"kernel_cache={self.kernel_cache}, plan_cache={self.plan_cache}, "
+                f"program_cache={self.program_cache})")
 
 
 _INFO = CacheInfo()
@@ -79,8 +95,10 @@ class Kernel:
     def __call__(self, *args: Any) -> None:
         self.fn(*args)
         if self._first:
-            self._first = False
-            _account(self.fn)
+            with _LOCK:  # several threads may finish a first call at once: count it once
+                first, self._first = self._first, False
+            if first:
+                _account(self.fn)
 
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"
@@ -96,7 +114,10 @@ def _account(fn: Any) -> None:
             _INFO.compiled += 1
 
 
-_MEMORY: dict[str, Kernel] = {}
+#: Generated kernels kept loaded in memory (least recently used dropped; a program or
+#: plan holding a kernel keeps it alive regardless).
+KERNEL_CACHE_SIZE = 2048
+_MEMORY = LRU(KERNEL_CACHE_SIZE)
 
 
 def load(source: str) -> Kernel:
@@ -105,11 +126,13 @@ def load(source: str) -> Kernel:
                          ).hexdigest()[:20]
     k = _MEMORY.get(key)
     if k is not None:
-        _INFO.memory_hits += 1
+        with _LOCK:
+            _INFO.memory_hits += 1
         return k
     with _LOCK:
         k = _MEMORY.get(key)
         if k is not None:
+            _INFO.memory_hits += 1
             return k
         path = _write(key, source)
         modname = f"fucina_kernel_{key}"
@@ -119,7 +142,8 @@ def load(source: str) -> Kernel:
         sys.modules[modname] = module
         spec.loader.exec_module(module)
         k = Kernel(f"k_{key}", source, module.kernel)
-        _MEMORY[key] = k
+        for old in _MEMORY.put(key, k):
+            sys.modules.pop(f"fucina_kernel_{old.name[2:]}", None)
         _INFO.kernels += 1
         return k
 
@@ -148,6 +172,15 @@ def _write(key: str, source: str, retry: bool = True) -> Path:
     return _write(key, source, retry=False)
 
 
+#: name -> () -> (size, maxsize) of a cache kept by a higher layer (eager plans, programs).
+SIZE_SOURCES: dict[str, Callable[[], tuple[int, int]]] = {}
+
+
 def cache_info() -> CacheInfo:
-    """Counters: kernels compiled in this process, memory hits and disk-cache hits."""
-    return CacheInfo(_INFO.compiled, _INFO.memory_hits, _INFO.disk_hits, _INFO.kernels)
+    """Kernel load counters, and the size and bound of every cache."""
+    with _LOCK:
+        info = CacheInfo(_INFO.compiled, _INFO.memory_hits, _INFO.disk_hits, _INFO.kernels)
+    info.kernel_cache = (len(_MEMORY), _MEMORY.maxsize)
+    for name, source in SIZE_SOURCES.items():
+        setattr(info, name, source())
+    return info

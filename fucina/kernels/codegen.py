@@ -34,8 +34,10 @@ _CTOR = {
     "bool": "np.bool_",
 }
 
-# fastmath without nnan/ninf: the NaN and inf semantics of the ops must survive.
-FASTMATH = '{"nsz", "arcp", "contract", "afn", "reassoc"}'
+# fastmath without nnan/ninf: the NaN and inf semantics of the ops must survive. No arcp
+# either: it turns a loop-invariant ``x / d`` into ``x * (1 / d)``, which is inf for a
+# tiny d (1e-40) where the quotient itself is finite.
+FASTMATH = '{"nsz", "contract", "afn", "reassoc"}'
 
 
 @dataclass(frozen=True)

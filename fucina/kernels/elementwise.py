@@ -116,11 +116,15 @@ _FT = (2.45550750702956, 0.893229853513558, 0.821226666969744, 2.44506634652299,
        0.814642734961073)
 
 
+_FT_SAT = 8.561566231624852  # where the rational reaches 1 (see scalar_fns.fast_tanh)
+
+
 def _fast_tanh64(x: np.ndarray) -> np.ndarray:
     a, b, c, d, e = _FT
     ax = np.abs(x)
     x2 = x * x
-    return (x * (a + a * ax + (b + c * ax) * x2)) / (d + (d + x2) * np.abs(x + e * x * ax))
+    r = (x * (a + a * ax + (b + c * ax) * x2)) / (d + (d + x2) * np.abs(x + e * x * ax))
+    return np.where(ax > _FT_SAT, np.sign(x), r)
 
 
 def _fast_tanh_grad64(x: np.ndarray) -> np.ndarray:
@@ -136,7 +140,7 @@ def _fast_tanh_grad64(x: np.ndarray) -> np.ndarray:
     dr = np.sign(q) * dq
     den = d + (d + x2) * r
     dden = 2.0 * x * r + (d + x2) * dr
-    return ((p + x * dp) * den - x * p * dden) / (den * den)
+    return np.where(ax > _FT_SAT, 0.0, ((p + x * dp) * den - x * p * dden) / (den * den))
 
 
 _K = 0.7978845608028654  # sqrt(2 / pi)

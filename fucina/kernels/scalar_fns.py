@@ -77,6 +77,9 @@ _FT_B = 0.893229853513558
 _FT_C = 0.821226666969744
 _FT_D = 2.44506634652299
 _FT_E = 0.814642734961073
+#: Where the rational reaches 1: past it the raw formula climbs to c/e = 1.008 (and is
+#: inf/inf = NaN at inf), so fast_tanh saturates at +-1 there with a zero derivative.
+_FT_SAT = 8.561566231624852
 
 
 # -- binary helpers (BINARY / SCALAR templates) -------------------------------
@@ -253,9 +256,14 @@ def neg_sin(x):
 
 @njit(**_INLINE)
 def fast_tanh(x):
-    """The NAM rational tanh approximation, evaluated in f64 (no overflow for finite x)."""
+    """The NAM rational tanh approximation, evaluated in f64, saturated to [-1, 1].
+
+    Within 4.4e-4 of tanh everywhere; +-inf gives +-1, NaN stays NaN.
+    """
     v = np.float64(x)
     ax = abs(v)
+    if ax > _FT_SAT:
+        return np.float32(1.0) if v > 0 else np.float32(-1.0)
     x2 = v * v
     num = v * (_FT_A + _FT_A * ax + (_FT_B + _FT_C * ax) * x2)
     den = _FT_D + (_FT_D + x2) * abs(v + _FT_E * v * ax)
@@ -264,9 +272,11 @@ def fast_tanh(x):
 
 @njit(**_INLINE)
 def fast_tanh_grad(x):
-    """Exact derivative of :func:`fast_tanh` (quotient rule, f64)."""
+    """Exact derivative of :func:`fast_tanh` (quotient rule, f64; 0 where it saturates)."""
     v = np.float64(x)
     ax = abs(v)
+    if ax > _FT_SAT:
+        return np.float32(0.0)
     dax = 1.0 if v > 0 else (-1.0 if v < 0 else 0.0)
     x2 = v * v
     p = _FT_A + _FT_A * ax + (_FT_B + _FT_C * ax) * x2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType, as_dtype
-from ..errors import InvalidDataLength, InvalidShape
+from ..errors import Deinitialized, InvalidDataLength, InvalidShape
 from .raw import RawTensor, check_shape
 
 
@@ -51,18 +52,26 @@ class ExecContext:
     """Every tensor belongs to the context that created it; ops run on it.
 
     Exec scopes (``with ctx.exec_scope():``) release every op result made
-    inside when the block ends.
+    inside when the block ends. Scopes are per thread: a scope opened on one
+    thread adopts only the results that thread makes, so several threads can
+    run ops on one context at once. After ``deinit()`` the context and every
+    tensor it owns refuse use (``Deinitialized``).
     """
 
     def __init__(self) -> None:
-        self._scopes: list[list[Any]] = []
+        self._local = threading.local()
         self.closed = False
 
     # -- lifetime ---------------------------------------------------------------
 
     def deinit(self) -> None:
-        """Release the context (tensors keep their own storage alive)."""
+        """Close the context: its tensors (and new ones) raise ``Deinitialized`` from now."""
         self.closed = True
+
+    def check_open(self) -> None:
+        """Raise ``Deinitialized`` if the context was deinit'ed."""
+        if self.closed:
+            raise Deinitialized("the ExecContext was deinit'ed; its tensors cannot be used")
 
     def __enter__(self) -> ExecContext:
         return self
@@ -70,28 +79,41 @@ class ExecContext:
     def __exit__(self, *exc: object) -> None:
         self.deinit()
 
+    @property
+    def _scopes(self) -> list[list[Any]]:
+        """This thread's stack of open exec scopes (each a list of adopted results)."""
+        try:
+            return self._local.scopes
+        except AttributeError:
+            scopes: list[list[Any]] = []
+            self._local.scopes = scopes
+            return scopes
+
     @contextmanager
     def exec_scope(self) -> Iterator[ExecContext]:
-        """Adopt op results made inside the block and release them at its end."""
+        """Adopt op results made inside the block (on this thread); release them at its end."""
+        self.check_open()
+        scopes = self._scopes
         adopted: list[Any] = []
-        self._scopes.append(adopted)
+        scopes.append(adopted)
         try:
             yield self
         finally:
-            self._scopes.pop()
+            scopes.pop()
             for t in reversed(adopted):
                 t._release_from_scope()
 
     def adopt(self, tensor: Any) -> bool:
-        """Register an op result with the innermost open scope; True if adopted."""
-        if self._scopes:
-            self._scopes[-1].append(tensor)
+        """Register an op result with this thread's innermost open scope; True if adopted."""
+        scopes = self._scopes
+        if scopes:
+            scopes[-1].append(tensor)
             return True
         return False
 
     @property
     def scope_active(self) -> bool:
-        """True while an exec scope is open."""
+        """True while an exec scope is open on this thread."""
         return bool(self._scopes)
 
     # -- raw constructors (f32) -------------------------------------------------
@@ -124,12 +146,14 @@ class ExecContext:
 
     def from_slice_typed(self, dtype: Any, shape: Any, values: Any) -> RawTensor:
         """Copy ``values`` into a new raw tensor of ``dtype``."""
+        self.check_open()
         dt = as_dtype(dtype)
         shp = check_shape(shape)
         return RawTensor.from_array(dt, values_array(dt, shp, values), shp)
 
     def empty_typed(self, dtype: Any, shape: Any) -> RawTensor:
         """Uninitialized raw tensor of ``dtype``."""
+        self.check_open()
         return RawTensor.empty(as_dtype(dtype), check_shape(shape))
 
     def zeros_typed(self, dtype: Any, shape: Any) -> RawTensor:
@@ -142,6 +166,7 @@ class ExecContext:
 
     def full_typed(self, dtype: Any, shape: Any, value: Any) -> RawTensor:
         """``dtype`` raw tensor filled with ``value`` (cast by the dtype's rules)."""
+        self.check_open()
         dt = as_dtype(dtype)
         if dt.is_block:
             raise InvalidShape(f"{dt.value} tensors are built from blocks, not filled")

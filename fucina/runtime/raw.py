@@ -9,14 +9,31 @@ carry shapes and layouts through a program without data.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 
 import numpy as np
 
 from ..dtypes import DType
 from ..errors import InvalidDataLength, InvalidShape, UnsupportedView
-from .storage import Storage
+from .storage import Storage, SymbolicStorage
 
 MAX_RANK = 8
+
+_reads = threading.local()
+
+
+def set_read_observer(fn: Callable[[RawTensor], None] | None
+                      ) -> Callable[[RawTensor], None] | None:
+    """Call ``fn(raw)`` whenever host code reads a raw tensor's data on this thread.
+
+    ``fucina.compile`` observes reads while tracing: a captured tensor whose
+    values the traced Python code reads (a mask turned into indices) shapes the
+    trace, so its values are guarded. Returns the previous observer.
+    """
+    prev = getattr(_reads, "fn", None)
+    _reads.fn = fn
+    return prev
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -74,7 +91,13 @@ class RawTensor:
     @classmethod
     def symbolic(cls, dtype: DType, shape: tuple[int, ...]) -> RawTensor:
         """A contiguous layout with no data (tracing)."""
-        return cls(Storage(None), dtype, shape, _storage_strides(dtype, shape))
+        return cls(SymbolicStorage(_storage_count(dtype, shape)), dtype, shape,
+                   _storage_strides(dtype, shape))
+
+    @classmethod
+    def symbolic_like(cls, raw: RawTensor) -> RawTensor:
+        """A traced stand-in for ``raw``: its layout from offset 0, storage size unknown."""
+        return cls(SymbolicStorage(None), raw.dtype, raw.shape, raw.strides, 0)
 
     @classmethod
     def from_array(cls, dtype: DType, arr: np.ndarray, shape: tuple[int, ...] | None = None,
@@ -139,6 +162,9 @@ class RawTensor:
 
     def array(self) -> np.ndarray:
         """numpy view in logical shape over storage elements (blocks: storage shape)."""
+        observer = getattr(_reads, "fn", None)
+        if observer is not None:
+            observer(self)
         buf = self.storage.buf
         assert buf is not None, "a symbolic tensor has no buffer"
         item = buf.itemsize
@@ -152,6 +178,9 @@ class RawTensor:
             raise UnsupportedView(
                 f"tensor with shape {self.shape} and strides {self.strides} is not contiguous; "
                 "materialize it first or use copy_to")
+        observer = getattr(_reads, "fn", None)
+        if observer is not None:
+            observer(self)
         n = _storage_count(self.dtype, self.shape)
         buf = self.storage.buf
         assert buf is not None, "a symbolic tensor has no buffer"

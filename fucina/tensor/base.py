@@ -172,8 +172,9 @@ class Tensor(metaclass=_TensorMeta):
     @property
     def _node(self) -> Node:
         node = self._node_
-        if node is None:
-            raise Deinitialized(f"{type(self)!r} tensor was deinit'ed or released by its scope")
+        if node is None or self._ctx.closed:
+            raise Deinitialized(f"{type(self)!r} tensor was deinit'ed, released by its scope, "
+                                "or its ExecContext was deinit'ed")
         return node
 
     @classmethod
@@ -415,9 +416,11 @@ def new(cls: type, node: Node, ctx: ExecContext, *, op_result: bool = True) -> A
     obj._node_ = node
     obj._ctx = ctx
     obj._scoped = False
-    if op_result and ctx._scopes:
-        ctx._scopes[-1].append(obj)
-        obj._scoped = True
+    if op_result:
+        scopes = ctx._scopes  # this thread's open exec scopes
+        if scopes:
+            scopes[-1].append(obj)
+            obj._scoped = True
     return obj
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 def _ctx(ctx: Any) -> ExecContext:
     if not isinstance(ctx, ExecContext):
         raise TypeError(explain(ctx, "an ExecContext (constructors take the context first)"))
+    ctx.check_open()
     return ctx
 
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .. import tags as T
 from ..dtypes import DType
 from ..errors import IndexOutOfBounds, InvalidDataLength, InvalidShape, TagError
+from ..ir.execute import emit
 from ..ir.graph import leaf
 from ..runtime.raw import RawTensor
-from .base import Tensor, new, result, tensor_type
+from .base import Tensor, align_node, check_tensor, new, result, same_ctx, tensor_type
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -30,10 +31,12 @@ class Losses(Tensor):
     def cross_entropy(self, class_tag: str, labels: Sequence[int] | np.ndarray | Tensor,
                       reduction: str = "mean",
                       ignore_index: int | None = None, label_smoothing: float = 0.0) -> Self:
-        """Log-softmax + NLL over ``class_tag`` against host integer ``labels`` (torch parity).
+        """Log-softmax + NLL over ``class_tag`` against integer ``labels`` (torch parity).
 
         ``labels`` holds one class per position, positions ordered row-major over
-        the remaining tags. ``reduction`` is "mean" (over positions not equal to
+        the remaining tags: a host sequence or array, or an integer tensor (tagged
+        with the other tags in any order, or flat), which under ``compile`` is a
+        traced input: new labels never retrace. ``reduction`` is "mean" (over positions not equal to
         ``ignore_index``; 0 when every position is ignored), "sum" or "none"
         (per-position losses, ``class_tag`` removed). ``label_smoothing`` in
         [0, 1) mixes the one-hot target with the uniform distribution.
@@ -44,6 +47,9 @@ class Losses(Tensor):
             raise TagError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
         if not 0.0 <= label_smoothing < 1.0:
             raise InvalidShape(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
+        if isinstance(labels, Tensor):
+            return cast("Self", _cross_entropy_traced(x, c, class_tag, labels, reduction,
+                                                      ignore_index, label_smoothing))
         shape = self.shape
         k = shape[c]
         rest = tuple(d for i, d in enumerate(shape) if i != c) if self.tag_count > 1 else ()
@@ -85,3 +91,54 @@ class Losses(Tensor):
         if count == 0:
             return result(self, (), total.scale(0.0)._node)
         return cast("Self", total.div_scalar(float(count)))
+
+
+def _cross_entropy_traced(self: F32Tensor, c: int, class_tag: str, labels: Tensor,
+                          reduction: str, ignore_index: int | None, smoothing: float) -> Any:
+    """cross_entropy with labels in an integer tensor: no host read, so under compile the
+    labels are a traced input (new labels never retrace). The labels carry the other tags
+    (any order) or are a flat sequence of positions in row-major order."""
+    check_tensor(labels, "labels")
+    same_ctx(self, labels)
+    if not labels.dtype.is_integer:
+        raise InvalidDataLength(f"labels must be integers, got {labels.dtype.value}")
+    rest_tags = T.remove_tags(self.axis_tags, (class_tag,))
+    rest = tuple(self.dim(t) for t in rest_tags)
+    n = labels._node.value.numel
+    if n != int(np.prod(rest)):
+        raise InvalidShape(f"{n} labels for {int(np.prod(rest))} positions")
+    if rest_tags and set(labels.axis_tags) == set(rest_tags):
+        node = align_node(labels, rest_tags, rest)
+    else:  # row-major positions
+        node = labels._node
+        if not node.value.is_contiguous():
+            node = emit("copy", (node,))
+        node = emit("reshape", (node,), shape=rest or (1,))
+    if labels.dtype is not DType.i64:
+        node = emit("cast", (node,), dtype=DType.i64, src=labels.dtype)
+    keep = None
+    if ignore_index is not None:  # ignored positions read class 0 and weigh nothing
+        keep = emit("compare", (node,), fn="ne", value=ignore_index)
+        node = emit("where", (keep, node, emit("fill", (), shape=node.shape, dtype=DType.i64,
+                                                value=0)))
+    idx = result(self, rest_tags, node, DType.i64).insert_axis(class_tag, c)
+    # loss_p = lse_p - (1 - s) x[p, label_p] - (s / K) sum_c x[p, c], on kept positions.
+    per = self.logsumexp(class_tag).sub(
+        self.take_along_axis(class_tag, idx).sum(class_tag).scale(1.0 - smoothing))
+    if smoothing:
+        per = per.sub(self.sum(class_tag).scale(smoothing / self.shape[c]))
+    if keep is not None:
+        per = per.mul(result(self, rest_tags, emit("cast", (keep,), dtype=DType.f32,
+                                                   src=DType.bool), DType.f32))
+    if reduction == "none":
+        return per
+    total = per.sum_all()
+    if reduction == "sum":
+        return total
+    if keep is None:
+        return total.div_scalar(float(max(n, 1)))
+    count = result(self, (), emit("reduce", (emit("cast", (keep,), dtype=DType.f32,
+                                                      src=DType.bool),),
+                                  fn="sum", axes=tuple(range(len(node.shape))),
+                                  dtype=DType.f32))
+    return total.div(count.maximum(count.ones_like()))  # all ignored: 0, as the list form

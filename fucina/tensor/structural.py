@@ -76,6 +76,15 @@ def _gather_node(self: Any, axis: int, idx: np.ndarray) -> Node:
 def _gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
     i = T.index(self.axis_tags, tag)
     out = T.replace_tag(self.axis_tags, tag, out_tag)
+    if isinstance(indices, Tensor):
+        # An i64 tensor is a traced value under compile (never a retrace); the IR checks
+        # its values when the gather runs.
+        _index_tensor(indices, "indices")
+        if indices.tag_count != 1:
+            raise TagError(f"gather needs a rank-1 index tensor, got tags {indices.axis_tags}")
+        same_ctx(self, indices)
+        return result(self, out, emit("gather", (self._node, indices._node), axis=i,
+                                      index=None))
     idx = host_indices(indices, self._node.shape[i], tag)
     return result(self, out, _gather_node(self, i, idx))
 
@@ -94,11 +103,10 @@ def _concat(self: Any, tag: str, others: Any) -> Any:
     return result(self, self.axis_tags, node)
 
 
-def _index_tensor(index: Any, what: str) -> np.ndarray:
+def _index_tensor(index: Any, what: str) -> None:
     check_tensor(index, what)
     if index.dtype is not DType.i64:
         raise TagError(f"{what} must be an i64 tensor, got {index.dtype.value}")
-    return index.numpy()
 
 
 def _set_rows_node(self: Any, axis: int, idx: np.ndarray, update: Node) -> Node:
@@ -197,14 +205,8 @@ def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) ->
     for t, d in zip(self.axis_tags, self.shape):
         if t != tag and isz[t] != d:
             raise ShapeMismatch(f"indices: tag {t!r} has size {isz[t]}, tensor has {d}")
-    node = align_node(indices, self.axis_tags, ishape)
-    vals = node.value.array() if not node.value.is_symbolic else np.zeros(1, np.int64)
-    dim = self.shape[i]
-    bad = (vals < 0) | (vals >= dim)
-    if bad.any():
-        raise IndexOutOfBounds(f"index {int(vals[bad].reshape(-1)[0])} out of range for "
-                               f"{tag!r} of size {dim}")
-    return i, node, ishape
+    # Index values are checked by the IR before the kernel reads them (eager and compiled).
+    return i, align_node(indices, self.axis_tags, ishape), ishape
 
 
 def _scatter(self: Any, tag: str, indices: Any, src: Any, op: str) -> Any:
@@ -238,8 +240,10 @@ class RowEdits(Tensor):
 
     __slots__ = ()
 
-    def gather(self, tag: str, indices: Sequence[int] | np.ndarray, out_tag: str) -> Self:
-        """Rows ``indices`` along ``tag`` (host ints), the axis retagged ``out_tag``."""
+    def gather(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor,
+               out_tag: str) -> Self:
+        """Rows ``indices`` along ``tag`` (host ints or a rank-1 i64 tensor), the axis
+        retagged ``out_tag``."""
         return _gather(self, tag, indices, out_tag)
 
     def set_slice(self, tag: str, start: int, update: Tensor) -> Self:
@@ -355,7 +359,7 @@ class IndexedOps(Tensor):
         if index.tag_count != 1:
             raise TagError(
                 f"index_select needs a rank-1 index tensor, got tags {index.axis_tags}")
-        return _gather(self, tag, _index_tensor(index, "index").reshape(-1), out_tag)
+        return _gather(self, tag, index, out_tag)
 
     def index_add(self, tag: str, indices: Sequence[int] | np.ndarray, update: Tensor) -> Self:
         """Copy of self with ``update``'s rows added at ``indices`` (duplicates accumulate)."""
