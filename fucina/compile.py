@@ -50,7 +50,7 @@ from .ir.printer import format_program
 from .ir.program import Program
 from .kernels.cache import SIZE_SOURCES, Kernel
 from .runtime.context import ExecContext
-from .runtime.gradmode import is_grad_enabled, no_grad
+from .runtime.gradmode import enable_grad, is_grad_enabled, no_grad
 from .runtime.lru import LRU
 from .runtime.raw import RawTensor, contiguous_strides, set_read_observer
 
@@ -160,17 +160,18 @@ class _Tracer:
         hit = self._lifted.get(id(node))
         if hit is not None:
             return hit
+        # The lifted value requires grad exactly when the concrete one does, whatever the
+        # grad mode at the first read (emit gates recording by the mode of each op).
         slot = self.caps.slot_of(node)
         if slot is not None:
-            out = self.add_input(node.value, node.tags, node.requires_grad and is_grad_enabled(),
-                                 ("slot", slot))
+            out = self.add_input(node.value, node.tags, node.requires_grad, ("slot", slot))
         elif OPS.get(node.op, _NO_OP).is_view and node.inputs:
             # A view made while tracing over a concrete tensor: the same view of its lifted
             # base, so the program reads the base as it is at call time.
-            out = emit(node.op, (self.lift(node.inputs[0]),), node.tags, **node.attrs)
+            with enable_grad() if node.requires_grad else no_grad():
+                out = emit(node.op, (self.lift(node.inputs[0]),), node.tags, **node.attrs)
         else:
-            out = self.add_input(node.value, node.tags, node.requires_grad and is_grad_enabled(),
-                                 ("pinned", node))
+            out = self.add_input(node.value, node.tags, node.requires_grad, ("pinned", node))
         self._lifted[id(node)] = out
         return out
 

@@ -404,3 +404,27 @@ def test_compiled_backward_equals_eager_on_random_programs(prog):
         assert (ga is None) == (gb is None)
         if ga is not None:
             np.testing.assert_allclose(gb.numpy(), ga.numpy(), rtol=1e-3, atol=1e-4)
+
+
+def test_captured_variable_first_read_under_no_grad_still_gets_its_gradient(ctx):
+    # Regression: the lifted input kept the grad mode of its first read, so a later
+    # backward through the same captured variable found no graph (eager: gradient 4, 5, 6).
+    D = F.Tensor("d")
+
+    def run(compiled: bool):
+        w = D.variable_from_slice(ctx, (3,), [1, 2, 3])
+
+        def f(x):
+            with F.no_grad():
+                a = x.mul(w)
+            loss = w.mul(x).sum_all()
+            loss.backward()
+            return loss.add(a.sum_all())
+
+        out = (F.compile(f) if compiled else f)(D.from_slice(ctx, (3,), [4, 5, 6]))
+        return out.item(), w.grad().numpy()
+
+    (want, gw), (got, gc) = run(False), run(True)
+    assert got == want == 64.0
+    np.testing.assert_array_equal(gc, gw)
+    np.testing.assert_array_equal(gc, [4, 5, 6])

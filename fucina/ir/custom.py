@@ -53,12 +53,17 @@ def custom(value: Node, operands: tuple[Node, ...], vjp: CustomVJP, *,
     It records when an operand requires grad and grad mode is on; with
     ``record_always`` grad mode is ignored (a checkpoint keys on its inputs alone).
     """
+    tracer = current_tracer()
+    if tracer is not None:
+        # Concrete operands (captured tensors) become the program inputs the trace reads,
+        # so gradients reach whatever the capture resolves to at call time.
+        value, *rest = (n if n.value.is_symbolic else tracer.lift(n) for n in (value, *operands))
+        operands = tuple(rest)
     if not record_always:
         return emit("custom", (value, *operands), vjp=vjp)
     rg = any(o.requires_grad for o in operands)
     inputs = (value, *operands) if rg else (value,)
     node = Node("custom", inputs, {"vjp": vjp}, _alias(value.value, {}), None, rg)
-    tracer = current_tracer()
     if tracer is not None:
         tracer.record(node)
     return node
