@@ -428,3 +428,17 @@ def test_captured_variable_first_read_under_no_grad_still_gets_its_gradient(ctx)
     assert got == want == 64.0
     np.testing.assert_array_equal(gc, gw)
     np.testing.assert_array_equal(gc, [4, 5, 6])
+
+
+def test_views_of_one_captured_tensor_stay_distinct(ctx):
+    # Regression: lifted views were cached by the id of a temporary broadcast view, so a
+    # later temporary with the same id read the first view (every select read element 0).
+    H = F.Tensor("hyper").from_slice(ctx, (3,), [2, 3, 5])
+    x = F.Tensor("a").from_slice(ctx, (4,), [1, 1, 1, 1])
+
+    def f(x):
+        s = [H.select("hyper", j) for j in range(3)]
+        return x * s[0] + x * s[1] * s[2]
+
+    np.testing.assert_array_equal(f(x).numpy(), [17, 17, 17, 17])
+    np.testing.assert_array_equal(F.compile(f)(x).numpy(), [17, 17, 17, 17])

@@ -38,11 +38,12 @@ def _assign_kernel(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> 
 
 
 def assign(target: Node, value: Node) -> None:
-    """Write ``value`` into ``target``'s storage (same shape and dtype)."""
-    if current_tracer() is not None:
-        raise TypeError(
-            "assign (the in-place update behind optimizer steps and clip_grad_norm) cannot "
-            "be traced by fucina.compile in this build; call it outside the compiled function")
+    """Write ``value`` into ``target``'s storage (same shape and dtype).
+
+    While a function is traced the tracer records the update: later reads of
+    the target in the trace see ``value``, and the compiled program writes it
+    into the target's storage when it runs.
+    """
     t, v = target.value, value.value
     if t.shape != v.shape:
         raise ShapeMismatch(f"assign: value shape {v.shape} differs from target shape {t.shape}")
@@ -51,4 +52,11 @@ def assign(target: Node, value: Node) -> None:
                         f"{t.dtype.value}")
     if t.storage.readonly:
         raise UnsupportedView("assign: the target's storage is read-only (borrowed const)")
+    tracer: Any = current_tracer()
+    if tracer is not None:
+        record = getattr(tracer, "assign", None)
+        if record is None:
+            raise TypeError("assign: this tracer cannot record in-place updates")
+        record(target, value)
+        return
     emit("assign", (target, value))

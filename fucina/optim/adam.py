@@ -37,28 +37,37 @@ class Adam(Optimizer):
         for k in range(2):
             check_number(group, f"betas[{k}]", gi, high=1.0, high_open=True, value=betas[k])
 
+    scalar_names = ("decay", "wd", "one_minus_beta1", "beta2", "one_minus_beta2",
+                    "step_size", "bias_correction2_sqrt", "eps")
+
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
-    def _update(self, group: dict[str, Any], p: Any, g: Any, state: dict[str, Any]) -> None:
-        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        beta1, beta2 = group["betas"]
-        if "exp_avg" not in state:
-            state["exp_avg"] = p.zeros_like()
-            state["exp_avg_sq"] = p.zeros_like()
-        m, v = state["exp_avg"], state["exp_avg_sq"]
+    def _structure(self, group: dict[str, Any]) -> tuple[Any, ...]:
+        return (group["weight_decay"] != 0,)
+
+    def _scalars(self, group: dict[str, Any], state: dict[str, Any], first: bool
+                 ) -> tuple[float, ...]:
+        lr, wd = float(group["lr"]), float(group["weight_decay"])
+        beta1, beta2 = (float(b) for b in group["betas"])
         step = state["step"]
-        if wd != 0:
+        return (1.0 - lr * wd, wd, 1.0 - beta1, beta2, 1.0 - beta2,
+                lr / (1.0 - beta1 ** step), (1.0 - beta2 ** step) ** 0.5, float(group["eps"]))
+
+    def _update(self, group: dict[str, Any], p: Any, g: Any, slots: dict[str, Any],
+                sc: dict[str, Any]) -> None:
+        m, v = slots["exp_avg"], slots["exp_avg_sq"]
+        if group["weight_decay"] != 0:
             if self.decoupled:
-                assign(p, p * (1.0 - lr * wd))
+                assign(p, p * sc["decay"])
             else:
-                g = g + p * wd
-        assign(m, m + (g - m) * (1.0 - beta1))
-        assign(v, v * beta2 + g * (1.0 - beta2) * g)
-        step_size = lr / (1.0 - beta1 ** step)
-        bias_correction2_sqrt = (1.0 - beta2 ** step) ** 0.5
-        denom = v.sqrt() / bias_correction2_sqrt + eps
-        assign(p, p - (m / denom) * step_size)
+                g = g + p * sc["wd"]
+        m_new = m + (g - m) * sc["one_minus_beta1"]
+        assign(m, m_new)
+        v_new = v * sc["beta2"] + g * sc["one_minus_beta2"] * g
+        assign(v, v_new)
+        denom = v_new.sqrt() / sc["bias_correction2_sqrt"] + sc["eps"]
+        assign(p, p - (m_new / denom) * sc["step_size"])
 
 
 class AdamW(Adam):

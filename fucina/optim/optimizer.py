@@ -6,11 +6,22 @@ The structure is torch.optim's: ``param_groups`` is a list of dicts holding
 update counts steps); ``state_dict()`` numbers the parameters in group
 order. Updates are fucina tensor ops under ``no_grad`` plus in-place
 ``assign`` writes into the parameters' and state tensors' own storage.
+
+Inside a function compiled by :func:`fucina.compile`, ``step()`` and
+``zero_grad()`` become part of the program: the update reads the gradient
+the traced backward produced, its per-step scalars (learning rate, bias
+corrections) come from a small tensor per parameter that a host-side
+prologue fills before every run (so step counts and schedules never
+retrace), and the parameters and state are written in place. State tensors
+are allocated once per parameter and updated in place ever after (a loaded
+state dict is copied into them), so compiled programs keep reading the
+right ones.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
 import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -18,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType
+from ..ir.execute import current_tracer
 from ..runtime.gradmode import no_grad
 from ..tensor import Tensor
 from .inplace import assign, refuse_trace
@@ -33,15 +45,25 @@ def _is_tensor(x: Any) -> bool:
 
 
 class Optimizer(abc.ABC):
-    """Base class: subclasses define ``_check_group``, ``_state_names`` and ``_update``."""
+    """Base class: subclasses define the options check, the state names, the per-step
+    scalars and the tensor update."""
 
     #: Whether the state of a stepped parameter holds an integer ``"step"``.
     counts_steps = False
+    #: Names of the per-step scalars :meth:`_scalars` computes, in hyper-tensor order.
+    scalar_names: tuple[str, ...] = ()
 
     def __init__(self, params: Any, defaults: dict[str, Any]):
+        if current_tracer() is not None:
+            raise TypeError(f"{type(self).__name__}: build the optimizer outside the function "
+                            "fucina.compile traces (its state must outlive one call)")
         self.defaults = dict(defaults)
         self.param_groups: list[dict[str, Any]] = []
         self.state: dict[Any, dict[str, StateValue]] = {}
+        # Per parameter: its state tensors (allocated once, updated in place) and the
+        # scalars tensor compiled steps read.
+        self._slots: dict[Any, dict[str, Any]] = {}
+        self._hyper: dict[Any, Any] = {}
         if _is_tensor(params) or isinstance(params, (Mapping, str, bytes)):
             raise TypeError("params must be an iterable of variables or of param groups "
                             f"(dicts), got {type(params).__name__}")
@@ -106,31 +128,114 @@ class Optimizer(abc.ABC):
         """Names of the tensor state entries a stepped parameter of ``group`` holds."""
 
     @abc.abstractmethod
-    def _update(self, group: dict[str, Any], p: Any, g: Any, state: dict[str, Any]) -> None:
-        """One update of parameter ``p`` with gradient ``g`` (under no_grad)."""
+    def _structure(self, group: dict[str, Any]) -> tuple[Any, ...]:
+        """The option facts that change which ops an update runs (compiled steps retrace
+        when they change; every other option is read at each step)."""
+
+    @abc.abstractmethod
+    def _scalars(self, group: dict[str, Any], state: dict[str, Any], first: bool
+                 ) -> tuple[float, ...]:
+        """The update's scalars for this step (in :attr:`scalar_names` order), computed on
+        the host in float64 as torch computes them from Python floats."""
+
+    @abc.abstractmethod
+    def _update(self, group: dict[str, Any], p: Any, g: Any, slots: dict[str, Any],
+                sc: dict[str, Any]) -> None:
+        """One update of ``p`` with gradient ``g``: ``sc`` maps scalar names to floats
+        (eager) or scalar tensors (compiled); ``slots`` are the state tensors."""
 
     def _params(self) -> list[Any]:
         return [p for g in self.param_groups for p in g["params"]]
 
+    def __fucina_captures__(self) -> dict[str, Any]:
+        """What a compiled function reads from this optimizer: its parameters and the
+        option facts its update's ops depend on (hyperparameters are read per call)."""
+        return {"params": self._params(),
+                "structure": tuple(self._structure(g) for g in self.param_groups)}
+
     # -- stepping ------------------------------------------------------------------------
+
+    def _slots_of(self, p: Any, group: dict[str, Any]) -> dict[str, Any]:
+        slots = self._slots.get(p)
+        if slots is None:
+            slots = self._slots[p] = {}
+        for name in self._state_names(group):
+            if name not in slots:
+                slots[name] = p.zeros_like()
+        return slots
+
+    def _begin(self, group: dict[str, Any], p: Any, slots: dict[str, Any]) -> tuple[Any, ...]:
+        """Host bookkeeping of one parameter's step: state entry, step count, scalars."""
+        state = self.state.get(p)
+        first = not state
+        if first:
+            for t in slots.values():  # a fresh start (also after loading "no state")
+                t.data()[...] = 0.0
+            state = self.state[p] = {}
+            if self.counts_steps:
+                state["step"] = 0
+            for name in self._state_names(group):
+                state[name] = slots[name]
+        if self.counts_steps:
+            state["step"] += 1
+        return self._scalars(group, state, first)
 
     def step(self) -> None:
         """Update every parameter that has a gradient (torch skips the others too)."""
-        refuse_trace(f"{type(self).__name__}.step()")
+        tracer = current_tracer()
+        if tracer is not None:
+            self._traced_step(tracer)
+            return
         with no_grad():
             for group in self.param_groups:
                 for p in group["params"]:
                     g = p.grad_view()
                     if g is None:
                         continue
-                    state = self.state.setdefault(p, {})
-                    if self.counts_steps:
-                        state["step"] = state.get("step", 0) + 1
-                    self._update(group, p, g, state)
+                    slots = self._slots_of(p, group)
+                    values = self._begin(group, p, slots)
+                    self._update(group, p, g, slots, dict(zip(self.scalar_names, values)))
+
+    def _traced_step(self, tracer: Any) -> None:
+        """``step()`` while fucina.compile traces: the update joins the program."""
+        if not hasattr(tracer, "grad"):
+            raise TypeError(f"{type(self).__name__}.step() cannot be traced here")
+        updated: list[tuple[int, Any]] = []
+        with no_grad():
+            for gi, group in enumerate(self.param_groups):
+                for p in group["params"]:
+                    gnode = tracer.grad(p._node)
+                    if gnode is None:
+                        continue
+                    g = type(p)._from_node(gnode, p._ctx)
+                    slots = self._slots_of(p, group)
+                    hyper = self._hyper.get(p)
+                    if hyper is None:
+                        n = len(self.scalar_names)
+                        hyper = self._hyper[p] = Tensor("hyper").zeros(p._ctx, (n,))
+                    sc = {name: hyper.select("hyper", j)
+                          for j, name in enumerate(self.scalar_names)}
+                    self._update(group, p, g, slots, sc)
+                    updated.append((gi, p))
+        tracer.prologue(functools.partial(self._prologue, updated))
+
+    def _prologue(self, updated: list[tuple[int, Any]]) -> None:
+        """Before each run of a compiled step: count the step, fill the scalars tensors."""
+        for gi, p in updated:
+            group = self.param_groups[gi]
+            slots = self._slots_of(p, group)
+            values = self._begin(group, p, slots)
+            self._hyper[p].data()[...] = np.asarray(values, dtype=np.float32)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every parameter's gradient (``set_to_none=False``: zero it in place)."""
-        refuse_trace(f"{type(self).__name__}.zero_grad()")
+        tracer = current_tracer()
+        if tracer is not None:
+            if not hasattr(tracer, "zero_grad"):
+                raise TypeError(f"{type(self).__name__}.zero_grad() cannot be traced here")
+            for p in self._params():  # both forms leave no contribution behind
+                tracer.zero_grad(p._node)
+            return
         for p in self._params():
             if set_to_none:
                 p.zero_grad()
@@ -145,6 +250,7 @@ class Optimizer(abc.ABC):
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {index: {name: value}}, "param_groups": [{option: value, "params":
         [index, ...]}]}`` with parameters numbered in group order; tensors are copies."""
+        refuse_trace(f"{type(self).__name__}.state_dict()")
         groups, state, index = [], {}, 0
         for group in self.param_groups:
             packed = {k: v for k, v in group.items() if k != "params"}
@@ -167,6 +273,7 @@ class Optimizer(abc.ABC):
         ValueError/TypeError and leaves the optimizer and its parameters as
         they were. Tensors may be fucina tensors or arrays (numpy, torch).
         """
+        refuse_trace(f"{type(self).__name__}.load_state_dict()")
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
         for key in ("state", "param_groups"):
@@ -210,13 +317,21 @@ class Optimizer(abc.ABC):
                                  "param group lists")
             p, group = owner[i]
             staged[i] = (p, group, self._check_entry(i, entry, p, group))
+        # Everything checked: copy the values into each parameter's state tensors (their
+        # identity is kept, so compiled steps keep reading them).
         new_state: dict[Any, dict[str, Any]] = {}
-        with no_grad():
-            for _, (p, _group, entry) in sorted(staged.items()):
-                st: dict[str, Any] = {}
-                for name, value in entry.items():
-                    st[name] = value if name == "step" else _state_tensor(p, value)
-                new_state[p] = st
+        for _, (p, group, entry) in sorted(staged.items()):
+            if not entry:
+                continue
+            slots = self._slots_of(p, group)
+            st: dict[str, Any] = {}
+            for name, value in entry.items():
+                if name == "step":
+                    st[name] = value
+                else:
+                    slots[name].data()[...] = value.reshape(-1)
+                    st[name] = slots[name]
+            new_state[p] = st
         self.param_groups = new_groups
         self.state = new_state
 
@@ -296,20 +411,6 @@ def _state_array(v: Any, p: Any, where: str) -> np.ndarray:
         raise ValueError(f"{where} has shape {tuple(arr.shape)}, the parameter has shape "
                          f"{tuple(p.shape)}")
     return np.ascontiguousarray(arr)
-
-
-def _state_tensor(p: Any, values: np.ndarray) -> Any:
-    """A fresh constant of ``p``'s type holding ``values``."""
-    t = p.zeros_like()
-    t.data()[...] = values.reshape(-1)
-    return t
-
-
-def new_state_like(p: Any, value: Any | None = None) -> Any:
-    """A state tensor of ``p``'s type: zeros, or a contiguous copy of ``value``."""
-    if value is None:
-        return p.zeros_like()
-    return value.materialize()
 
 
 def check_number(group: dict[str, Any], key: str, gi: int, *, low: float = 0.0,

@@ -34,20 +34,29 @@ class SGD(Optimizer):
             raise ValueError(f"param_groups[{gi}]: Nesterov momentum requires a momentum > 0 "
                              "and zero dampening")
 
+    scalar_names = ("lr", "wd", "keep", "take", "momentum")
+
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
-    def _update(self, group: dict[str, Any], p: Any, g: Any, state: dict[str, Any]) -> None:
-        lr, momentum = group["lr"], group["momentum"]
-        wd, dampening = group["weight_decay"], group["dampening"]
+    def _structure(self, group: dict[str, Any]) -> tuple[Any, ...]:
+        return (group["momentum"] != 0, group["nesterov"], group["weight_decay"] != 0)
+
+    def _scalars(self, group: dict[str, Any], state: dict[str, Any], first: bool
+                 ) -> tuple[float, ...]:
+        momentum = float(group["momentum"])
+        # The first step starts the buffer as a copy of d: buf = 0 * buf + 1 * d.
+        keep, take = (0.0, 1.0) if first else (momentum, 1.0 - group["dampening"])
+        return (float(group["lr"]), float(group["weight_decay"]), keep, take, momentum)
+
+    def _update(self, group: dict[str, Any], p: Any, g: Any, slots: dict[str, Any],
+                sc: dict[str, Any]) -> None:
         d = g
-        if wd != 0:
-            d = d + p * wd
-        if momentum != 0:
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = d.materialize()
-            else:
-                assign(buf, buf * momentum + d * (1.0 - dampening))
-            d = d + buf * momentum if group["nesterov"] else buf
-        assign(p, p - d * lr)
+        if group["weight_decay"] != 0:
+            d = d + p * sc["wd"]
+        if group["momentum"] != 0:
+            buf = slots["momentum_buffer"]
+            buf_new = buf * sc["keep"] + d * sc["take"]
+            assign(buf, buf_new)
+            d = d + buf_new * sc["momentum"] if group["nesterov"] else buf_new
+        assign(p, p - d * sc["lr"])
