@@ -355,7 +355,7 @@ class _Entry:
             elif kind == "slot":
                 out.append(found[v]._node)
             elif kind == "grad":  # input v's accumulated gradient (present: guarded)
-                out.append(leaf(out[v].grad, None, False))  # type: ignore[arg-type]
+                out.append(leaf(out[v].grad, None, False))
             else:
                 out.append(v)
         return out

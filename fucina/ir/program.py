@@ -237,11 +237,6 @@ class Program:
                     slot = self.slot[sid]
                     dtype, count = self.slot_meta[slot]
                     free.setdefault((dtype.str, count), []).append(slot)
-        for st in self.steps:
-            if st.kind == "kernel":
-                b: Any = st.built
-                st.in_slots = tuple(self.slot[id(v.value.storage)] for v in b.inputs)
-                st.tail = (*b.int_args, *b.loop_sizes, *b.params)
         for o in self.outputs + [v for _, v in self.writes]:
             sid = id(o.value.storage)
             if sid not in self.slot:  # an output that is a const captured by the trace
@@ -249,6 +244,11 @@ class Program:
                 self.slot_meta.append((o.value.dtype.storage, 0))
                 self.const_slots.append((self.slot[sid], self.owner[sid]))
         self._plan_writes()
+        for st in self.steps:  # after the writes: a value written in place reads its input
+            if st.kind == "kernel":
+                b: Any = st.built
+                st.in_slots = tuple(self.slot[id(v.value.storage)] for v in b.inputs)
+                st.tail = (*b.int_args, *b.loop_sizes, *b.params)
         # Per input: the element count its traced strided views read (0: none).
         self.input_need = [(k, need) for k, n in enumerate(self.inputs)
                            if (need := getattr(n.value.storage, "need", 0))]
@@ -262,8 +262,8 @@ class Program:
 
         Safe: the value is stored by a pointwise kernel, in the input's own layout,
         every read of the input inside that kernel is element-aligned with the
-        store, and no later step (or program output) reads the input or the value
-        elsewhere. Everything else is copied after the last step (``copies``).
+        store, no later step reads the input's old value and the value is not a
+        program output. Everything else is copied after the last step (``copies``).
         """
         self.copies: list[tuple[int, Node]] = []
         out_ids = {id(o.value.storage) for o in self.outputs}
@@ -290,8 +290,8 @@ class Program:
             if id(n.value.storage) == tid and (n.value.shape, n.value.strides,
                                                n.value.offset) != lay:
                 return False
-        for later in self.steps[at + 1:]:
-            if any(id(n.value.storage) in (tid, sid) for n in _step_inputs(later)):
+        for later in self.steps[at + 1:]:  # (reading the value itself later is fine)
+            if any(id(n.value.storage) == tid for n in _step_inputs(later)):
                 return False
         if sum(id(w.value.storage) == sid for _, w in self.writes) > 1:
             return False  # one value written into two inputs: copy it into both
@@ -335,8 +335,8 @@ class Program:
                         self._ref(node, bufs, scratch, st.gemm)
                     else:
                         self._check(node, bufs)
-            for k, v in self.copies:  # in-place updates not written by their kernel
-                src = _view(bufs[self.slot[id(v.value.storage)]], v.value)
+            for k, w in self.copies:  # in-place updates not written by their kernel
+                src = _view(bufs[self.slot[id(w.value.storage)]], w.value)
                 np.copyto(_view(bufs[k], self.inputs[k].value), src)
         finally:
             if len(self._scratch_free) < _SCRATCH_SETS:

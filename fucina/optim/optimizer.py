@@ -168,7 +168,7 @@ class Optimizer(abc.ABC):
         """Host bookkeeping of one parameter's step: state entry, step count, scalars."""
         state = self.state.get(p)
         first = not state
-        if first:
+        if not state:
             for t in slots.values():  # a fresh start (also after loading "no state")
                 t.data()[...] = 0.0
             state = self.state[p] = {}
