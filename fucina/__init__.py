@@ -22,34 +22,49 @@ from .blocks import BLOCK_DTYPES, BLOCK_SIZES
 from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
+    ActiveExecScopeUnsupported,
     CheckpointMissingInputGradient,
     CheckpointOutputNotDifferentiable,
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
     EmptySelection,
+    EncoderUnavailable,
     GradientCastUnsupported,
+    GradientPackedMatmulUnsupported,
+    GradientPreparedConv2dUnsupported,
+    GradientQuantizedMatmulUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
     InvalidGradcheckOptions,
+    InvalidMagic,
     InvalidShape,
+    InvalidTensorInfo,
     MissingAnalyticalGradient,
     MissingBackwardGradient,
     MissingOutputGradient,
+    ModelFileError,
     MutableDataRequiresNoGrad,
     NestedCheckpointRecompute,
     NoGradientGraph,
+    NonFiniteValue,
     NoVariableInputs,
     ShapeMismatch,
     TagError,
     TensorError,
+    TensorNotFound,
+    TernaryContractDimNotBlockAligned,
+    TruncatedFile,
+    UnsupportedDType,
     UnsupportedGradient,
+    UnsupportedVersion,
     UnsupportedView,
 )
 from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .tensor import SliceRange, Tensor, einsum_many
+from .tensor.conv import PreparedConvWeights
 
 __version__ = "0.1.0"
 
@@ -60,6 +75,10 @@ del _dt
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("gguf", "safetensors"):  # model-file modules load on first use
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     if name == "RawTensor":
         raise AttributeError(
             "fucina.RawTensor is not public: the raw tensor lives at fucina.internal.RawTensor")
@@ -67,6 +86,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ActiveExecScopeUnsupported",
     "BLOCK_DTYPES",
     "CheckpointMissingInputGradient",
     "CheckpointOutputNotDifferentiable",
@@ -91,8 +111,22 @@ __all__ = [
     "Deinitialized",
     "DivisionByZero",
     "EmptySelection",
+    "EncoderUnavailable",
+    "GradientPackedMatmulUnsupported",
+    "GradientQuantizedMatmulUnsupported",
+    "InvalidMagic",
+    "InvalidTensorInfo",
+    "ModelFileError",
+    "NonFiniteValue",
+    "TensorNotFound",
+    "TernaryContractDimNotBlockAligned",
+    "TruncatedFile",
+    "UnsupportedDType",
+    "UnsupportedVersion",
     "ExecContext",
     "GradientCastUnsupported",
+    "GradientPreparedConv2dUnsupported",
+    "PreparedConvWeights",
     "IndexOutOfBounds",
     "InvalidDataLength",
     "InvalidShape",

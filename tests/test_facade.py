@@ -94,16 +94,35 @@ OLD = {
 # branch, from_numpy where from_slice exists, operators on the integer and bool branches.
 _INTEROP = "ndim size __len__ __array__ __array_ufunc__ __bool__ __float__ __int__"
 _INT_OPS = "__add__ __sub__ __mul__ __floordiv__ __mod__ __and__ __or__ __xor__"
+# Quantized weights (issue 11): packed RHS on f32/f16/bf16/block weights, ternary STE.
+_PACK = "pack_rhs pack_rhs_layout"
 ADDED = {
-    B.F32Tensor: _names(_INTEROP, "from_numpy"),
-    B.HalfTensor: _names(_INTEROP, "from_numpy"),
+    B.F32Tensor: _names(_INTEROP, "from_numpy", _PACK, "dot_packed dot_ternary_ste"),
+    B.HalfTensor: _names(_INTEROP, "from_numpy", _PACK),
     B.F64Tensor: _names(_INTEROP, "from_numpy"),
     B.IntTensor: _names(_INTEROP, "from_numpy", _INT_OPS),
     B.I64Tensor: _names(_INTEROP, "from_numpy", _INT_OPS),
     B.BoolTensor: _names(_INTEROP, "from_numpy", "__invert__ __and__ __or__ __xor__"),
     B.F8Tensor: _names(_INTEROP, "from_numpy"),
-    B.QuantTensor: _names(_INTEROP),
+    B.QuantTensor: _names(_INTEROP, _PACK),
 }
+# Issue 9's NN families: norms and gated units (f32, and forward-only on f16/bf16), the
+# f32-only snake/prelu, elemental ops, scans and inference helpers.
+_NN_HALF = "rms_norm rms_norm_mul layer_norm gated glu swiglu geglu"
+_NN_F32 = (
+    "rms_norm_mul_add group_norm standardize_axis l2_normalize situ split_gated snake prelu "
+    "elemental_unary elemental_binary linear_recurrence segment_sum bias_add "
+    "add_axis_vector_in_place add_axis_vector_unary_in_place add_scaled_in_place "
+    "take_add_no_grad take_scale_no_grad"
+)
+_NN_CONV = (
+    "avg_pool2d causal_conv1d causal_depthwise_conv1d channel_affine conv1d conv2d "
+    "conv2d_prepared conv2d_prepared_relu conv2d_relu conv_transpose1d fold "
+    "grouped_causal_conv1d max_pool2d prepare_conv2d_weights relpos_shift unfold "
+    "upsample2x_nearest"
+)
+ADDED[B.F32Tensor] |= _names(_NN_HALF, _NN_F32, _NN_CONV)
+ADDED[B.HalfTensor] |= _names(_NN_HALF)
 UNIVERSE = set().union(*OLD.values(), *ADDED.values())
 BRANCH_OF = {
     "f32": B.F32Tensor, "f16": B.HalfTensor, "bf16": B.HalfTensor, "f64": B.F64Tensor,
