@@ -249,6 +249,11 @@ class _Tracer:
                 total = g if total is None else emit("binary", (total, g), fn="add")
         return total
 
+    def set_grad(self, node: Node, value: Node) -> None:
+        """The variable ``node``'s gradient is ``value`` from here on (and after the call)."""
+        self.zero_grad(node)
+        self.grads.append((self._target(node, "setting a gradient"), value))
+
     def zero_grad(self, node: Node) -> None:
         """The variable ``node`` has no gradient from here on (and none after the call)."""
         base = self._target(node, "zero_grad()")

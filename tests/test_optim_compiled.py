@@ -204,3 +204,35 @@ def test_compiled_spirals_example_trains_with_the_step_inside(capsys):
     np.testing.assert_allclose(whole.losses, eager.losses, rtol=1e-4)
     for p, q in zip(eager.model.params(), whole.model.params()):
         np.testing.assert_allclose(q.numpy(), p.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 100.0])
+def test_clip_grad_norm_inside_the_compiled_step(ctx, max_norm):
+    def make(params):
+        return F.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    eager, comp = Net(ctx, make), Net(ctx, make)
+
+    def clipped(net):
+        def step(x, y):
+            net.opt.zero_grad()
+            logits = x.dot(net.w1, "in").add(net.b1).tanh().dot(net.w2, "h")
+            loss = logits.logsumexp("c").sub(logits.mul(y).sum("c")).mean("b")
+            loss.backward()
+            norm = F.optim.clip_grad_norm(net.params(), max_norm)
+            net.opt.step()
+            return loss, norm
+        return step
+
+    run_eager, fast = clipped(eager), F.compile(clipped(comp))
+    for k in range(20):
+        le, ne = run_eager(*eager.batch(k))
+        lc, nc = fast(*comp.batch(k))
+        assert isinstance(ne, float) and type(nc) is F.Tensor()
+        np.testing.assert_allclose(float(nc), ne, rtol=1e-5)
+        np.testing.assert_allclose(lc.item(), le.item(), rtol=1e-5, atol=1e-7)
+        for p, q in zip(eager.params(), comp.params()):  # the clipped gradients stay behind
+            np.testing.assert_allclose(q.grad().numpy(), p.grad().numpy(), rtol=1e-4,
+                                       atol=1e-7)
+    _close(eager, comp)
+    assert fast.cache_size() == 1
