@@ -133,6 +133,8 @@ class Program:
             if n.op in ("input", "const", "variable") or OPS[n.op].is_view:
                 continue
             placed.append((n, fuser.add(n)))
+        fuser.merge_into_readers(placed)
+        placed = [(n, fuser.group_of[id(n)] if g is not None else None) for n, g in placed]
         # A member's value leaves its kernel when anything outside the kernel reads it.
         needed: set[int] = {id(owner[id(o.value.storage)])
                             for o in outputs + [v for _, v in self.writes]}
