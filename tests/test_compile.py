@@ -442,3 +442,18 @@ def test_views_of_one_captured_tensor_stay_distinct(ctx):
 
     np.testing.assert_array_equal(f(x).numpy(), [17, 17, 17, 17])
     np.testing.assert_array_equal(F.compile(f)(x).numpy(), [17, 17, 17, 17])
+
+
+def test_two_pointwise_chains_meeting_in_one_op_are_one_kernel(ctx):
+    # Each chain starts from its own input, so placement opens a kernel per chain; the
+    # chain read only by the other's kernel folds into it.
+    rng = np.random.default_rng(3)
+    x = F.Tensor("r", "c").from_slice(ctx, (64, 32), rng.standard_normal((64, 32)))
+    v = F.Tensor("r", "c").from_slice(ctx, (64, 32), rng.standard_normal((64, 32)))
+
+    def f(x, v):
+        return (x.exp().scale(0.5) + v.scale(2.0).tanh()).sigmoid()
+
+    fast = F.compile(f)
+    np.testing.assert_allclose(fast(x, v).numpy(), f(x, v).numpy(), rtol=1e-6, atol=1e-7)
+    assert len(fast.kernels(x, v)) == 1

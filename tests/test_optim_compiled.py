@@ -236,3 +236,23 @@ def test_clip_grad_norm_inside_the_compiled_step(ctx, max_norm):
                                        atol=1e-7)
     _close(eager, comp)
     assert fast.cache_size() == 1
+
+
+def _kernel_of_writes(text):
+    """Per written input, the index of the kernel that stores its value (from fast.ir)."""
+    kernel, where = -1, {}
+    for line in text.splitlines():
+        if line.startswith("  kernel "):
+            kernel += 1
+        elif line.startswith("    %") and "-> stored" in line:
+            where[line.split()[0]] = kernel
+    return {line.split()[1]: where.get(line.split()[3]) for line in text.splitlines()
+            if line.startswith("  write ")}
+
+
+def test_each_parameters_update_is_one_kernel(ctx):
+    comp = Net(ctx, lambda params: F.optim.AdamW(params, lr=1e-2))
+    fast = F.compile(comp.step)
+    writes = _kernel_of_writes(fast.ir(*comp.batch(0)))
+    assert len(writes) == 9 and None not in writes.values()  # 3 parameters x (p, m, v)
+    assert len(set(writes.values())) == 3  # one kernel writes each parameter and its moments
