@@ -145,7 +145,6 @@ class _Tracer:
         self._lifted: dict[int, tuple[Node, Node]] = {}
         self.read_slots: set[int] = set()
         # In-place updates and gradient reads inside the trace (optimizer steps).
-        self.concrete: list[Node | None] = []       # per input: the tensor's node at trace time
         self.arg_nodes: set[int] = set()            # nodes of the tensor arguments
         self._version: dict[int, tuple[Node, Node]] = {}  # id(input) -> (input, value now)
         self.prologues: list[Callable[[], None]] = []
@@ -160,12 +159,11 @@ class _Tracer:
         self.grads.append((leaf_, grad))
 
     def add_input(self, raw: RawTensor, tags: Any, requires_grad: bool,
-                  binding: tuple[str, Any], concrete: Node | None = None) -> Node:
+                  binding: tuple[str, Any]) -> Node:
         node = Node("input", (), {"index": len(self.inputs)}, RawTensor.symbolic_like(raw),
                     tags, requires_grad)
         self.inputs.append(node)
         self.bindings.append(binding)
-        self.concrete.append(concrete)
         return node
 
     def lift(self, node: Node) -> Node:
@@ -182,16 +180,14 @@ class _Tracer:
         # grad mode at the first read (emit gates recording by the mode of each op).
         slot = self.caps.slot_of(node)
         if slot is not None:
-            out = self.add_input(node.value, node.tags, node.requires_grad, ("slot", slot),
-                                 node)
+            out = self.add_input(node.value, node.tags, node.requires_grad, ("slot", slot))
         elif OPS.get(node.op, _NO_OP).is_view and node.inputs:
             # A view made while tracing over a concrete tensor: the same view of its lifted
             # base, so the program reads the base as it is at call time.
             with enable_grad() if node.requires_grad else no_grad():
                 out = emit(node.op, (self.lift(node.inputs[0]),), node.tags, **node.attrs)
         else:
-            out = self.add_input(node.value, node.tags, node.requires_grad, ("pinned", node),
-                                 node)
+            out = self.add_input(node.value, node.tags, node.requires_grad, ("pinned", node))
         self._lifted[id(node)] = (node, out)
         return out
 
