@@ -9,13 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import internal, rng
+from . import internal, optim, rng
+from .autograd_tools import (
+    GradcheckResult,
+    checkpoint,
+    checkpoint_with_context,
+    custom_vjp,
+    gradcheck,
+)
 from .blocks import *  # noqa: F403 - GGML block dtypes and block-size constants
 from .blocks import BLOCK_DTYPES, BLOCK_SIZES
 from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
     ActiveExecScopeUnsupported,
+    CheckpointMissingInputGradient,
+    CheckpointOutputNotDifferentiable,
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
@@ -27,16 +36,21 @@ from .errors import (
     GradientQuantizedMatmulUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
+    InvalidGradcheckOptions,
     InvalidMagic,
     InvalidShape,
     InvalidTensorInfo,
     LinearCrossEntropyBackwardConsumed,
     LinearDistillBackwardConsumed,
+    MissingAnalyticalGradient,
+    MissingBackwardGradient,
     MissingOutputGradient,
     ModelFileError,
     MutableDataRequiresNoGrad,
+    NestedCheckpointRecompute,
     NoGradientGraph,
     NonFiniteValue,
+    NoVariableInputs,
     ShapeMismatch,
     TagError,
     TensorError,
@@ -79,6 +93,19 @@ __all__ = [
     "ActiveExecScopeUnsupported",
     "AxisRange",
     "BLOCK_DTYPES",
+    "CheckpointMissingInputGradient",
+    "CheckpointOutputNotDifferentiable",
+    "GradcheckResult",
+    "InvalidGradcheckOptions",
+    "MissingAnalyticalGradient",
+    "MissingBackwardGradient",
+    "NestedCheckpointRecompute",
+    "NoVariableInputs",
+    "checkpoint",
+    "checkpoint_with_context",
+    "custom_vjp",
+    "gradcheck",
+    "optim",
     "CacheInfo",
     "Compiled",
     "compile",

@@ -563,6 +563,168 @@ def _cold_warm_case() -> Case:
     return c
 
 
+# -- training steps: forward, backward and an optimizer step --------------------------
+
+
+def _fucina_mlp(ctx: Any, sizes: tuple[int, ...], act: str, seed: int) -> list[Any]:
+    """Variables [w0, b0, w1, b1, ...] of an MLP; layer k maps tag l{k} -> l{k+1}."""
+    params = []
+    for k in range(len(sizes) - 1):
+        W = F.Tensor(f"l{k + 1}", f"l{k}")
+        w = W.normal(ctx, (sizes[k + 1], sizes[k]), seed + k, 0.0, 1.0 / sizes[k] ** 0.5)
+        params.append(W.variable(ctx, w.as_raw_tensor()))
+        params.append(F.Tensor(f"l{k + 1}").variable_from_slice(
+            ctx, (sizes[k + 1],), np.zeros(sizes[k + 1], np.float32)))
+    return params
+
+
+def _fucina_loss(params: list[Any], x: Any, y: Any, act: str) -> Any:
+    """Mean cross-entropy of the MLP's logits against one-hot ``y``; runs backward."""
+    h = x
+    layers = len(params) // 2
+    for k in range(layers):
+        h = h.dot(params[2 * k], f"l{k}").add(params[2 * k + 1])
+        if k < layers - 1:
+            h = h.tanh() if act == "tanh" else h.relu()
+    last = f"l{layers}"
+    loss = h.logsumexp(last).sub(h.mul(y).sum(last)).mean("batch")
+    loss.backward()
+    return loss
+
+
+def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_name: str,
+                   lr: float, quick: bool, torch_compile: bool) -> Case:
+    """One optimizer step (zero_grad, forward, backward, step) timed four ways.
+
+    fucina "compiled" is the whole step under ``fucina.compile``: one program
+    that also updates the parameters and the optimizer state in place.
+    """
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
+    y0 = np.eye(sizes[-1], dtype=np.float32)[labels]
+    ctx = F.ExecContext()
+    X, Y = F.Tensor("batch", "l0"), F.Tensor("batch", f"l{len(sizes) - 1}")
+    x, y = X.from_slice(ctx, x0.shape, x0), Y.from_slice(ctx, y0.shape, y0)
+    c = Case(name)
+    mt = 0.1 if quick else 1.0
+
+    for mode in ("eager", "compiled"):
+        params = _fucina_mlp(ctx, sizes, act, 1)
+        opt = getattr(F.optim, opt_name)(params, lr=lr)
+
+        def train_step(x: Any, y: Any, params: list[Any] = params, opt: Any = opt) -> Any:
+            opt.zero_grad()
+            loss = _fucina_loss(params, x, y, act)
+            opt.step()
+            return loss
+
+        fast = F.compile(train_step)
+        run: Callable[..., Any] = fast if mode == "compiled" else train_step
+        def call(run: Callable[..., Any] = run) -> Any:
+            return run(x, y)
+
+        setattr(c, mode, best_time(call, mt, repeats=3 if quick else 5))
+        if mode == "compiled":
+            c.notes["kernels"] = len(fast.kernels(x, y))
+            text = fast.ir(x, y)
+            c.notes["in_place_writes"] = text.count("stored in place by its kernel")
+            c.notes["copied_writes"] = text.count("copied after the last step")
+    if torch is None:
+        return c
+    tx, tl = torch.from_numpy(x0), torch.from_numpy(labels)
+    layers: list[Any] = []
+    for k in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[k], sizes[k + 1]))
+        if k < len(sizes) - 2:
+            layers.append(torch.nn.Tanh() if act == "tanh" else torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    topt = getattr(torch.optim, opt_name)(model.parameters(), lr=lr)
+
+    def torch_step(net: Any) -> Callable[[], Any]:
+        def step() -> Any:
+            topt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(tx), tl)
+            loss.backward()
+            topt.step()
+            return loss
+        return step
+
+    c.torch = best_time(torch_step(model), mt, repeats=3 if quick else 5)
+    if torch_compile:
+        try:
+            t0 = time.perf_counter()
+            cmodel = torch.compile(model)
+            torch_step(cmodel)()
+            c.notes["torch.compile_first_step_s"] = time.perf_counter() - t0
+            c.notes["torch.compile"] = best_time(torch_step(cmodel), mt)
+        except Exception as e:  # torch.compile needs a working C++ toolchain
+            c.notes["torch.compile"] = f"unavailable ({type(e).__name__})"
+    return c
+
+
+_FIRST_STEP = """
+import time
+import numpy as np
+import fucina as F
+from fucina.bench import _fucina_loss, _fucina_mlp
+ctx = F.ExecContext()
+rng = np.random.default_rng(0)
+x = F.Tensor("batch", "l0").from_slice(ctx, (256, 2), rng.standard_normal((256, 2)))
+y = F.Tensor("batch", "l3").from_slice(ctx, (256, 2), np.eye(2)[rng.integers(0, 2, 256)])
+params = _fucina_mlp(ctx, (2, 64, 64, 2), "tanh", 1)
+opt = F.optim.Adam(params, lr=1e-2)
+
+
+def train_step(x, y):
+    opt.zero_grad()
+    loss = _fucina_loss(params, x, y, "tanh")
+    opt.step()
+    return loss
+
+
+t0 = time.perf_counter()
+step = F.compile(train_step)
+step(x, y).item()
+print(time.perf_counter() - t0)
+"""
+
+
+def _first_step_case() -> Case:
+    """Time from ``compile()`` to the end of the first spirals training step (forward,
+    backward, Adam) in a fresh process, with an empty kernel cache (cold) and with the
+    cache it left (warm); imports and model set-up are not counted."""
+    c = Case("first compiled spirals step, new process")
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, FUCINA_CACHE_DIR=d)
+
+        def run() -> float:
+            out = subprocess.run([sys.executable, "-c", _FIRST_STEP], env=env, check=True,
+                                 capture_output=True, text=True)
+            return float(out.stdout.strip().splitlines()[-1])
+
+        cold = run()
+        warm = min(run() for _ in range(2))
+    c.notes["cold_s"] = cold
+    c.notes["warm_s"] = warm
+    return c
+
+
+def run_training_suite(quick: bool = False, torch_compile: bool = True,
+                       first_step: bool = True) -> list[Case]:
+    """Training-step rows: the spirals MLP (Adam), a 784-1024-1024-10 MLP (AdamW) and the
+    time to a first compiled step in a new process (not in quick runs)."""
+    spirals = _training_case("spirals step, batch 256, 2-64-64-2 tanh, Adam", (2, 64, 64, 2),
+                             256, "tanh", "Adam", 1e-2, quick, torch_compile and not quick)
+    big = (784, 256, 256, 10) if quick else (784, 1024, 1024, 10)
+    mlp = _training_case(f"MLP {'-'.join(map(str, big))} relu, batch 256, AdamW", big, 256,
+                         "relu", "AdamW", 1e-3, quick, torch_compile and not quick)
+    cases = [spirals, mlp]
+    if first_step and not quick:
+        cases.append(_first_step_case())
+    return cases
+
+
 def _quant_weight(ctx: Any, fmt: str, n: int, k: int, seed: int) -> tuple[Any, np.ndarray]:
     """A [n, k] block-quantized weight and its f32 dequantization (numpy's operand)."""
     import fucina.gguf as G
@@ -704,7 +866,7 @@ def blas_core() -> str:
 
 def _numpy_blas_name() -> str:
     try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # type: ignore[call-arg]
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         return f"{blas.get('name')} {blas.get('version')} (core unknown: no threadpoolctl)"
     except Exception:  # numpy < 1.26 has no dict mode
         return "unknown (install threadpoolctl)"
@@ -849,6 +1011,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-save", action="store_true", help="do not save the run")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
                    help="compare two saved runs (B's time over A's) instead of running")
+    p.add_argument("--no-training", action="store_true", help="skip the training-step section")
+    p.add_argument("--no-torch-compile", action="store_true",
+                   help="skip torch.compile in the training section")
     args = p.parse_args(argv)
     if args.compare:
         a, b = (json.loads(f.read_text()) for f in args.compare)
@@ -871,15 +1036,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
                               models=not (args.no_models or args.quick))
+        training = [] if args.no_training or args.models_only else run_training_suite(
+            quick=args.quick, torch_compile=not args.no_torch_compile)
     finally:
         PROGRESS[0] = False
     doc = to_json(cases, cond)
+    if training:
+        doc["training"] = to_json(training, cond)["cases"]
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print(table(cases))
         print()
         print(spread_table(cases))
+        if training:
+            print("\ntraining steps (zero_grad + forward + backward + optimizer step; "
+                  "fucina compiled = the whole step in one program; torch.compile = the model)")
+            print(table(training))
     if not args.no_save:
         path = save(doc, args.out)
         print(f"saved: {path}", file=sys.stderr)

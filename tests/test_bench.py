@@ -42,7 +42,8 @@ def test_quick_suite_runs_and_reports(capsys, tmp_path):
     assert "numpy/fast" in text and len(text.splitlines()) == len(cases) + 2
     assert "median" in bench.spread_table(cases)
     saved = tmp_path / "run.json"
-    assert bench.main(["--quick", "--no-cold-warm", "--json", "--out", str(saved)]) == 0
+    args = ["--quick", "--no-cold-warm", "--no-training", "--json", "--out", str(saved)]
+    assert bench.main(args) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out["conditions"]["cpus"] >= 1 and len(out["cases"]) == len(cases)
