@@ -94,15 +94,18 @@ OLD = {
 # branch, from_numpy where from_slice exists, operators on the integer and bool branches.
 _INTEROP = "ndim size __len__ __array__ __array_ufunc__ __bool__ __float__ __int__"
 _INT_OPS = "__add__ __sub__ __mul__ __floordiv__ __mod__ __and__ __or__ __xor__"
+# Reflected operators (issue 8): ``1 + i`` raises the same TypeError as ``i + 1``.
+_INT_ROPS = "__radd__ __rsub__ __rmul__ __rfloordiv__ __rmod__ __rand__ __ror__ __rxor__"
 # Quantized weights (issue 11): packed RHS on f32/f16/bf16/block weights, ternary STE.
 _PACK = "pack_rhs pack_rhs_layout"
 ADDED = {
     B.F32Tensor: _names(_INTEROP, "from_numpy", _PACK, "dot_packed dot_ternary_ste"),
     B.HalfTensor: _names(_INTEROP, "from_numpy", _PACK),
     B.F64Tensor: _names(_INTEROP, "from_numpy"),
-    B.IntTensor: _names(_INTEROP, "from_numpy", _INT_OPS),
-    B.I64Tensor: _names(_INTEROP, "from_numpy", _INT_OPS),
-    B.BoolTensor: _names(_INTEROP, "from_numpy", "__invert__ __and__ __or__ __xor__"),
+    B.IntTensor: _names(_INTEROP, "from_numpy", _INT_OPS, _INT_ROPS),
+    B.I64Tensor: _names(_INTEROP, "from_numpy", _INT_OPS, _INT_ROPS),
+    B.BoolTensor: _names(_INTEROP, "from_numpy", "__invert__ __and__ __or__ __xor__",
+                         "__rand__ __ror__ __rxor__"),
     B.F8Tensor: _names(_INTEROP, "from_numpy"),
     B.QuantTensor: _names(_INTEROP, _PACK),
 }

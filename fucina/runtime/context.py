@@ -2,50 +2,17 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
-
 from ..dtypes import DType, as_dtype
-from ..errors import Deinitialized, InvalidDataLength, InvalidShape
+from ..errors import Deinitialized, InvalidShape
 from .raw import RawTensor, check_shape
+from .values import fill_value, values_array
 
-
-def values_array(dtype: DType, shape: tuple[int, ...], values: Any) -> np.ndarray:
-    """Convert a host sequence/array to a flat storage array of ``shape``'s length."""
-    n = math.prod(shape)
-    if dtype.is_block:
-        if shape[-1] % dtype.block_size:
-            raise InvalidShape(f"innermost dimension {shape[-1]} is not a multiple of the "
-                               f"{dtype.value} block size {dtype.block_size}")
-        arr = np.asarray(values)
-        if arr.dtype != dtype.storage:
-            raise InvalidDataLength(
-                f"{dtype.value} blocks must be a numpy array of dtype {dtype.storage}, "
-                f"got {arr.dtype}")
-        need = n // dtype.block_size
-        if arr.size != need:
-            raise InvalidDataLength(f"got {arr.size} blocks, shape {shape} needs {need}")
-        return arr.reshape(-1)
-    try:
-        arr = np.asarray(values)
-    except (TypeError, ValueError) as e:
-        raise InvalidDataLength(f"values are not a flat sequence of numbers: {e}") from None
-    if arr.dtype == object:
-        raise InvalidDataLength("values are not a flat sequence of numbers")
-    arr = arr.reshape(-1)
-    if arr.size != n:
-        raise InvalidDataLength(f"got {arr.size} values, shape {shape} needs {n}")
-    if dtype is DType.bf16 and arr.dtype != np.uint16:
-        from ..kernels.cast import f32_to_bf16
-
-        return f32_to_bf16(arr.astype(np.float32))
-    with np.errstate(all="ignore"):
-        return arr.astype(dtype.storage)
+__all__ = ["ExecContext", "values_array"]
 
 
 class ExecContext:
@@ -172,7 +139,7 @@ class ExecContext:
             raise InvalidShape(f"{dt.value} tensors are built from blocks, not filled")
         shp = check_shape(shape)
         out = RawTensor.empty(dt, shp)
-        out.array()[...] = values_array(dt, (1,), [value])[0]
+        out.array()[...] = fill_value(dt, value)
         return out
 
     def scalar_typed(self, dtype: Any, value: Any) -> RawTensor:
