@@ -226,7 +226,7 @@ def test_scalar_arguments_name_the_argument(ctx, x):
     with pytest.raises(TypeError, match=naming("sub_scalar", "s")):
         x.sub_scalar(True)
     with pytest.raises(TypeError, match="'\\*\\*' takes a Python number exponent"):
-        x ** x  # noqa: B018
+        x ** x
     with pytest.raises(TypeError, match=naming("clamp", "min_value")):
         x.clamp("0", None)
     with pytest.raises(F.TagError, match="ddof"):
@@ -248,9 +248,9 @@ def test_integer_operators_have_no_scalar_forms(ctx):
         with pytest.raises(TypeError, match="the bool branch has no scalar forms"):
             use()
     with pytest.raises(TypeError, match="unsupported operand"):
-        i + "1"  # noqa: B018 - Python's protocol for a foreign operand
+        i + "1"
     with pytest.raises(TypeError, match="numpy array"):
-        i + np.ones(3, np.int32)  # noqa: B018
+        i + np.ones(3, np.int32)
     np.testing.assert_array_equal((i + i).numpy(), [2, 4, 6])
 
 

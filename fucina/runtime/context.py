@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
 from ..dtypes import DType, as_dtype
 from ..errors import Deinitialized, InvalidShape
 from .raw import RawTensor, check_shape

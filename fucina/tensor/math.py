@@ -111,6 +111,7 @@ def _compare_number(self: Any, op: str, value: Any) -> Any:
     f16/bf16 compare through f32, as their other ops do."""
     node = self._node
     dt = self.dtype
+    v: float
     if dt.is_integer:
         decided = _integer_bound(op, value, dt)
         if isinstance(decided, bool):
@@ -440,19 +441,19 @@ class BoolOperators(Tensor):
     def __and__(self, other: Tensor) -> Self:
         """``m & n`` is :meth:`logical_and`."""
         if not isinstance(other, Tensor):
-            return _reflected(self, other, "&")  # type: ignore[no-any-return]
+            return _reflected(self, other, "&")
         return _logical(self, other, "logical_and")
 
     def __or__(self, other: Tensor) -> Self:
         """``m | n`` is :meth:`logical_or`."""
         if not isinstance(other, Tensor):
-            return _reflected(self, other, "|")  # type: ignore[no-any-return]
+            return _reflected(self, other, "|")
         return _logical(self, other, "logical_or")
 
     def __xor__(self, other: Tensor) -> Self:
         """``m ^ n`` is :meth:`logical_xor`."""
         if not isinstance(other, Tensor):
-            return _reflected(self, other, "^")  # type: ignore[no-any-return]
+            return _reflected(self, other, "^")
         return _logical(self, other, "logical_xor")
 
     def __rand__(self, other: object) -> Any:
@@ -507,7 +508,7 @@ class IntegerMath(Tensor):
 
     def _tensor_op(self, other: object, op: str, fn: str) -> Self:
         if not isinstance(other, Tensor):
-            return _reflected(self, other, op)  # type: ignore[no-any-return]
+            return _reflected(self, other, op)
         return binary(self, other, fn)
 
     def __add__(self, other: Tensor) -> Self:
