@@ -10,16 +10,16 @@ from ..ir.inplace import assign as _assign
 
 
 def refuse_trace(what: str) -> None:
-    """Raise when ``what`` (an in-place update) is called while fucina.compile traces.
+    """Raise when ``what`` runs while fucina.compile traces a function.
 
-    Such updates write through ``assign`` and read gradients the traced
-    backward has not delivered yet; this build runs them outside compiled
-    functions only, and says so instead of doing nothing.
+    State dicts and state files read or replace host-side values (step counts,
+    copies of the state) that a compiled program cannot return or take; run
+    between calls instead. Nothing is done silently at trace time only.
     """
     if current_tracer() is not None:
         raise TypeError(
-            f"{what} inside fucina.compile: in-place updates (the assign primitive) cannot be "
-            "traced in this build; call it after the compiled function returns")
+            f"{what} inside fucina.compile: it reads or writes the optimizer's host-side "
+            "state, which a compiled program cannot; call it between compiled calls")
 
 
 def assign(target: Any, value: Any) -> None:
