@@ -392,6 +392,9 @@ def test_forward_only_fused_losses_keep_nothing(ctx, monkeypatch):
     assert made[1].logits is not None and made[1].logits.shape == (2, 5)
     kept.backward()
     assert made[1].logits is None and made[1].buffer is None  # consumed and dropped
+    x4 = _var(ctx, ("r", "d"), np.ones((4, 3)))
+    x4.linear_distill(w, [3, 0, 3, 3], [1, 2, 3, 4], [0.25] * 4)
+    assert made[2].logits.shape == (2, 5)  # only the unique rows named by rows are projected
 
 
 # -- errors ------------------------------------------------------------------------------------
