@@ -15,6 +15,7 @@ from .blocks import BLOCK_DTYPES, BLOCK_SIZES
 from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
+    ActiveExecScopeUnsupported,
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
@@ -22,6 +23,7 @@ from .errors import (
     EncoderUnavailable,
     GradientCastUnsupported,
     GradientPackedMatmulUnsupported,
+    GradientPreparedConv2dUnsupported,
     GradientQuantizedMatmulUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
@@ -50,6 +52,7 @@ from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .tensor import SliceRange, Tensor, einsum_many
+from .tensor.conv import PreparedConvWeights
 from .tensor.selection import RouterTopKResult, TopKResult
 
 __version__ = "0.1.0"
@@ -72,6 +75,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ActiveExecScopeUnsupported",
     "BLOCK_DTYPES",
     "CacheInfo",
     "Compiled",
@@ -97,6 +101,8 @@ __all__ = [
     "UnsupportedVersion",
     "ExecContext",
     "GradientCastUnsupported",
+    "GradientPreparedConv2dUnsupported",
+    "PreparedConvWeights",
     "IndexOutOfBounds",
     "InvalidDataLength",
     "InvalidShape",

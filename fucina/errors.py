@@ -54,6 +54,10 @@ class UnsupportedGradient(TensorError):
     """The op cannot propagate gradients for this combination of operands."""
 
 
+class GradientPreparedConv2dUnsupported(UnsupportedGradient):
+    """A prepared-weight conv2d entry was given an operand that requires grad."""
+
+
 class DivisionByZero(TensorError):
     """Integer division by zero."""
 
@@ -117,6 +121,9 @@ class TensorNotFound(TensorError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+class ActiveExecScopeUnsupported(TensorError):
+    """A storage-consuming op (take_add_no_grad, take_scale_no_grad) was given a tensor an
+    exec scope owns: consuming it would release the scope's reference early."""
 
 
 class LinearCrossEntropyBackwardConsumed(TensorError):
@@ -145,6 +152,7 @@ __all__ = [
     "GradientCastUnsupported",
     "NoGradientGraph",
     "UnsupportedGradient",
+    "GradientPreparedConv2dUnsupported",
     "MissingOutputGradient",
     "DivisionByZero",
     "ContextMismatch",
@@ -161,6 +169,7 @@ __all__ = [
     "InvalidTensorInfo",
     "UnsupportedDType",
     "TensorNotFound",
+    "ActiveExecScopeUnsupported",
     "LinearCrossEntropyBackwardConsumed",
     "LinearDistillBackwardConsumed",
     "TagError",

@@ -258,3 +258,60 @@ def einsum_many_validate(operands: Sequence[Sequence[str]], out: Sequence[str]) 
                 f"({', '.join(_fmt(t2) for t2 in operands)})"
             )
     return out
+
+
+# -- convolution windows: the trailing axes are the window's, the rest are batch -----------
+
+
+def check_window_rank(tags: Sequence[str], n_in: int, op: str) -> None:
+    """A windowed op needs its ``n_in`` window axes at the end of ``tags``."""
+    if len(tags) < n_in:
+        raise TagError(f"{op} needs at least {n_in} axes (the trailing ones are its window "
+                       f"axes), got {_fmt(tags)}")
+
+
+def window_result(tags: Sequence[str], n_in: int, out_tags: object, n_out: int,
+                  op: str) -> Tags:
+    """Result tags of a windowed op over the last ``n_in`` axes (channel-last).
+
+    Leading axes are batch axes and keep their tags; the window axes become
+    ``out_tags`` (``n_out`` of them). Example: conv2d maps ``(b, h, w, c)``
+    with out tags ``(oh, ow, oc)`` to ``(b, oh, ow, oc)``.
+    """
+    tags = tuple(tags)
+    check_window_rank(tags, n_in, op)
+    out = normalize_tags(out_tags)
+    if len(out) != n_out:
+        raise TagError(f"{op} takes {n_out} out tags, got {_fmt(out)}")
+    lead = tags[: len(tags) - n_in]
+    for t in out:
+        if t in lead:
+            raise TagError(f"{op} out tag {t!r} is already a batch axis of {_fmt(tags)}")
+    return check_tags(lead + out)
+
+
+def check_trailing(tags: Sequence[str], trailing: Sequence[str], op: str) -> None:
+    """The last axes of ``tags`` must be ``trailing``, in order (channel-last storage)."""
+    tags, trailing = tuple(tags), tuple(trailing)
+    for t in trailing:
+        index(tags, t)
+    if tags[len(tags) - len(trailing):] != trailing:
+        raise TagError(f"{op} needs {_fmt(trailing)} as the trailing axes, in that order; "
+                       f"got {_fmt(tags)}")
+
+
+def check_exact(tags: Sequence[str], expected: Sequence[str], what: str) -> None:
+    """An operand whose type the op fixes (a conv weight) must carry exactly ``expected``."""
+    if tuple(tags) != tuple(expected):
+        raise TagError(f"{what} must be tagged {_fmt(expected)}, got {_fmt(tags)}")
+
+
+def conv1d_result(tags: Sequence[str], time_tag: str, in_tag: str, out_tag: str,
+                  op: str) -> Tags:
+    """A 1-D conv over ``(..., time, in)``: the channel axis becomes ``out_tag``."""
+    check_trailing(tags, (time_tag, in_tag), op)
+    lead = tuple(tags)[:-1]
+    check_tag(out_tag)
+    if out_tag in lead:
+        raise TagError(f"{op} out tag {out_tag!r} is already an axis of {_fmt(tags)}")
+    return lead + (out_tag,)

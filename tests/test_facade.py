@@ -106,6 +106,23 @@ ADDED = {
     B.F8Tensor: _names(_INTEROP, "from_numpy"),
     B.QuantTensor: _names(_INTEROP, _PACK),
 }
+# Issue 9's NN families: norms and gated units (f32, and forward-only on f16/bf16), the
+# f32-only snake/prelu, elemental ops, scans and inference helpers.
+_NN_HALF = "rms_norm rms_norm_mul layer_norm gated glu swiglu geglu"
+_NN_F32 = (
+    "rms_norm_mul_add group_norm standardize_axis l2_normalize situ split_gated snake prelu "
+    "elemental_unary elemental_binary linear_recurrence segment_sum bias_add "
+    "add_axis_vector_in_place add_axis_vector_unary_in_place add_scaled_in_place "
+    "take_add_no_grad take_scale_no_grad"
+)
+_NN_CONV = (
+    "avg_pool2d causal_conv1d causal_depthwise_conv1d channel_affine conv1d conv2d "
+    "conv2d_prepared conv2d_prepared_relu conv2d_relu conv_transpose1d fold "
+    "grouped_causal_conv1d max_pool2d prepare_conv2d_weights relpos_shift unfold "
+    "upsample2x_nearest"
+)
+ADDED[B.F32Tensor] |= _names(_NN_HALF, _NN_F32, _NN_CONV)
+ADDED[B.HalfTensor] |= _names(_NN_HALF)
 # Issue 9 op families on the f32 branch (REFERENCE §4.15 losses, §4.16 selection).
 ADDED[B.F32Tensor] |= _names(
     "cross_entropy_ext linear_cross_entropy linear_cross_entropy_ext linear_distill "

@@ -51,7 +51,7 @@ class Plan:
         self.small = self.count * self.np_dtype.itemsize < POOL_MIN_BYTES
         if node.op == "scalar" or (node.op == "compare" and len(node.inputs) == 1):
             self.param_kind = 1
-        elif node.op == "unary":
+        elif node.op in ("unary", "elemental"):
             self.param_kind = 2
         else:
             self.param_kind = 0
@@ -92,7 +92,7 @@ SIZE_SOURCES["plan_cache"] = lambda: (len(PLANS), PLANS.maxsize)
 
 
 _FAST_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy",
-                       "reduce"})
+                       "reduce", "elemental"})
 
 
 def lookup(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> Plan | None:

@@ -20,11 +20,13 @@ import numpy as np
 
 from ..dtypes import DType
 from ..kernels import codegen as cg
+from ..kernels import user_fns
 from ..kernels.elementwise import BINARY, COMPARE, SCALAR, UNARY
 from ..runtime.raw import contiguous_strides
 from .graph import Node
 
-EW_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy"})
+EW_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy",
+                    "elemental"})
 _NO_FUSE_BINARY = frozenset({"div_trunc", "div_floor", "rem", "mod"})
 _REDUCE_FNS = frozenset({"sum", "mean", "max", "min", "prod"})
 
@@ -55,6 +57,8 @@ def fusable(n: Node) -> bool:
         return fn in SCALAR
     if n.op == "compare":
         return fn in COMPARE
+    if n.op == "elemental":  # a user scalar function: a call in the kernel
+        return True
     if n.op == "cast":
         src, dst = n.inputs[0].dtype, n.dtype
         # float->int casts saturate (NaN -> 0): keep them on the reference path.
@@ -286,6 +290,9 @@ def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]
         return SCALAR[fn].template.format(x=names[0], p0=param(n.attrs["value"])), params
     if op == "where":
         return f"({names[1]} if {names[0]} else {names[2]})", params
+    if op == "elemental":
+        pnames = [param(v) for v in n.attrs.get("params", ())]
+        return f"uf_{fn}({', '.join(names + pnames)})", params
     if op == "cast":
         if n.dtype is DType.bool:
             return f"({names[0]} != 0)", params
@@ -296,8 +303,8 @@ def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]
 def param_value(n: Node, value: Any) -> Any:
     """A scalar parameter in the dtype the reference kernel computes with."""
     dt = n.inputs[0].dtype.storage
-    if n.op == "unary":
-        return value  # the template decides (seeds stay integers)
+    if n.op in ("unary", "elemental"):
+        return value  # the template (or the user function) decides: seeds stay integers
     if n.op == "compare" and dt.kind in "iub":
         return np.float64(value) if float(value) != int(value) else np.int64(value)
     with np.errstate(all="ignore"):
@@ -401,8 +408,10 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
     if not g.raxes:  # a pure pointwise kernel computes everything at one level
         steps = [cg.Step(s.kind, "kept", s.dtype, s.expr, s.arg, s.fn, s.deps) for s in steps]
     parallel = nk >= 1 and math.prod(full) >= parallel_min and loop_sizes[0] >= 2
+    user = tuple(sorted({n.attrs["fn"] for n in g.members if n.op == "elemental"}))
     spec = cg.KernelSpec(nk, nr, in_ops, out_ops, tuple(steps), len(params), parallel,
-                         uses_index)
+                         uses_index, user_fns=user,
+                         cache=all(user_fns.get(k).cacheable for k in user))
     return BuiltKernel(spec, [v for v, _ in inputs], outputs, int_args, params,
                        list(g.members), loop_sizes)
 

@@ -31,7 +31,7 @@ def _deps_hash() -> str:
     """Hash of the modules generated kernels inline: a change there invalidates them."""
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for name in ("scalar_fns.py", "vecmath.py", "codegen.py"):
+    for name in ("scalar_fns.py", "vecmath.py", "codegen.py", "user_fns.py"):
         p = here / name
         if p.exists():
             h.update(p.read_bytes())
@@ -84,16 +84,25 @@ _LOCK = threading.Lock()
 class Kernel:
     """A generated kernel: its source, a stable name and the Numba dispatcher."""
 
-    __slots__ = ("name", "source", "fn", "_first")
+    __slots__ = ("name", "source", "fn", "_first", "user_fns")
 
-    def __init__(self, name: str, source: str, fn: Any):
+    def __init__(self, name: str, source: str, fn: Any, user_fns: tuple[str, ...] = ()):
         self.name = name
         self.source = source
         self.fn = fn
         self._first = True
+        self.user_fns = user_fns  # registry keys of the user scalar functions it calls
 
     def __call__(self, *args: Any) -> None:
-        self.fn(*args)
+        try:
+            self.fn(*args)
+        except numba.core.errors.NumbaError as e:
+            if not self.user_fns:
+                raise
+            # user code Numba cannot compile: say whose, as a TypeError
+            from .user_fns import compile_failure
+
+            raise compile_failure(self.user_fns, e) from e
         if self._first:
             with _LOCK:  # several threads may finish a first call at once: count it once
                 first, self._first = self._first, False
@@ -141,7 +150,7 @@ def load(source: str) -> Kernel:
         module = importlib.util.module_from_spec(spec)
         sys.modules[modname] = module
         spec.loader.exec_module(module)
-        k = Kernel(f"k_{key}", source, module.kernel)
+        k = Kernel(f"k_{key}", source, module.kernel, getattr(module, "USER_FNS", ()))
         for old in _MEMORY.put(key, k):
             sys.modules.pop(f"fucina_kernel_{old.name[2:]}", None)
         _INFO.kernels += 1

@@ -80,6 +80,8 @@ class KernelSpec:
     nparams: int
     parallel: bool
     uses_index: bool = False
+    user_fns: tuple[str, ...] = ()  # keys of user scalar functions the steps call
+    cache: bool = True  # False: a user function without a stable fingerprint
 
 
 class _Writer:
@@ -163,11 +165,17 @@ def generate(spec: KernelSpec) -> str:
     w(0, "from numba import njit, prange")
     w(0, "from fucina.kernels import scalar_fns as sf")
     w(0, "from fucina.kernels import vecmath as vm")
+    if spec.user_fns:
+        w(0, "from fucina.kernels import user_fns as uf")
+        w(0, "")
+        w(0, f"USER_FNS = {spec.user_fns!r}")
+        for key in spec.user_fns:  # user scalar functions, bound by registry key
+            w(0, f'uf_{key} = uf.dispatcher("{key}")')
     w(0, "")
     w(0, "")
     par = "True" if spec.parallel else "False"
     # error_model numpy: x / 0 is inf or nan, as in the reference kernels, not an exception.
-    w(0, f"@njit(cache=True, fastmath={FASTMATH}, parallel={par}, nogil=True, "
+    w(0, f"@njit(cache={spec.cache}, fastmath={FASTMATH}, parallel={par}, nogil=True, "
          'error_model="numpy")')
     w(0, f"def kernel({', '.join(args)}):")
     kloops = [f"k{a}" for a in range(nk)]

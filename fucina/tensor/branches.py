@@ -14,6 +14,7 @@ families shared by all branches and the root :class:`Tensor`.
 from __future__ import annotations
 
 from ..dtypes import DType
+from .activations import ParamActivations
 from .autograd import Backward, Cast, Detach, GradAccess
 from .base import ItemAccess, Tensor
 from .construct import (
@@ -26,6 +27,10 @@ from .construct import (
     Wrap,
 )
 from .contract import Dot, Einsum, Matmul
+from .conv import ConvOps
+from .elemental import Elemental
+from .gated import Gated, GatedF32
+from .inplace import InPlace
 from .losses import Losses
 from .masks import MaskOps, Select
 from .math import (
@@ -37,8 +42,10 @@ from .math import (
     Ordering,
     ScalarMath,
 )
+from .norms import Norms, NormsF32
 from .quantized import PackRhs, QuantizedMatmul
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
+from .scans import Scans
 from .selection import Selection
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
@@ -60,7 +67,8 @@ __all__ = [
 
 class F32Tensor(
     QuantizedMatmul, PackRhs,
-    Losses, Selection, Softmax, Matmul, Einsum, Dot,
+    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental, InPlace,
+    ConvOps, Losses, Selection, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
     Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
@@ -77,6 +85,7 @@ class F32Tensor(
 
 class HalfTensor(
     PackRhs,
+    Norms, Gated,
     Softmax, Einsum, Dot,
     FloatReductions, HalfSum,
     Select, UnaryMath,
