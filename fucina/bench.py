@@ -248,6 +248,9 @@ def _cross_entropy_case(quick: bool) -> Case:
         c.notes["loss_err_vs_torch"] = abs(
             loss - float(torch.nn.functional.cross_entropy(tx.detach(), tl)))
     c.notes["kernels"] = len(fast.kernels(x, lab))
+    return c
+
+
 def _norm_case(kind: str, rows: int, cols: int, quick: bool) -> Case:
     """layer_norm / rms_norm over the last axis: one compiled row kernel vs torch eager."""
     ctx = F.ExecContext()
