@@ -9,13 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import internal, rng
+from . import internal, optim, rng
+from .autograd_tools import (
+    GradcheckResult,
+    checkpoint,
+    checkpoint_with_context,
+    custom_vjp,
+    gradcheck,
+)
 from .blocks import *  # noqa: F403 - GGML block dtypes and block-size constants
 from .blocks import BLOCK_DTYPES, BLOCK_SIZES
 from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
     ActiveExecScopeUnsupported,
+    CheckpointMissingInputGradient,
+    CheckpointOutputNotDifferentiable,
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
@@ -27,16 +36,21 @@ from .errors import (
     GradientQuantizedMatmulUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
+    InvalidGradcheckOptions,
     InvalidMagic,
     InvalidShape,
     InvalidTensorInfo,
     LinearCrossEntropyBackwardConsumed,
     LinearDistillBackwardConsumed,
+    MissingAnalyticalGradient,
+    MissingBackwardGradient,
     MissingOutputGradient,
     ModelFileError,
     MutableDataRequiresNoGrad,
+    NestedCheckpointRecompute,
     NoGradientGraph,
     NonFiniteValue,
+    NoVariableInputs,
     ShapeMismatch,
     TagError,
     TensorError,
@@ -51,6 +65,7 @@ from .errors import (
 from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
+from .runtime.rope import AxisRange, RopeTable, RopeTheta
 from .tensor import SliceRange, Tensor, einsum_many
 from .tensor.conv import PreparedConvWeights
 from .tensor.selection import RouterTopKResult, TopKResult
@@ -76,7 +91,21 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ActiveExecScopeUnsupported",
+    "AxisRange",
     "BLOCK_DTYPES",
+    "CheckpointMissingInputGradient",
+    "CheckpointOutputNotDifferentiable",
+    "GradcheckResult",
+    "InvalidGradcheckOptions",
+    "MissingAnalyticalGradient",
+    "MissingBackwardGradient",
+    "NestedCheckpointRecompute",
+    "NoVariableInputs",
+    "checkpoint",
+    "checkpoint_with_context",
+    "custom_vjp",
+    "gradcheck",
+    "optim",
     "CacheInfo",
     "Compiled",
     "compile",
@@ -111,6 +140,8 @@ __all__ = [
     "MissingOutputGradient",
     "MutableDataRequiresNoGrad",
     "NoGradientGraph",
+    "RopeTable",
+    "RopeTheta",
     "ShapeMismatch",
     "RouterTopKResult",
     "SliceRange",

@@ -91,6 +91,23 @@ def describe(value: object) -> str:
     return f"{cls.__name__} {text}"
 
 
+def caller_name() -> str | None:
+    """Name of the outermost package function on the stack (the call the user made)."""
+    frames = _fucina_frames()
+    return frames[-1].f_code.co_name if frames else None
+
+
+def bad_argument(name: str, value: object, expected: str) -> str:
+    """``"<fn>(): argument '<name>' expects <expected>, got <what value is>"``.
+
+    For validators that know the parameter's name (sizes, counts, numbers): no
+    search by identity, so two parameters holding one small int are never confused.
+    """
+    fn = caller_name()
+    where = f"{fn}(): " if fn else ""
+    return f"{where}argument {name!r} expects {expected}, got {describe(value)}"
+
+
 def explain(value: object, expected: str) -> str:
     """``"<fn>(): argument '<name>' expects <expected>, got <what value is>"``.
 

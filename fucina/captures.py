@@ -15,6 +15,10 @@ functions. Each thing found is remembered with the *path* that reached it
   is read again and compared with the value the trace saw; any difference
   retraces.
 
+An object whose class defines ``__fucina_captures__()`` is walked through
+the dict that method returns (read again at every call) instead of its
+attributes.
+
 The walk stops at library modules (numpy, fucina, the standard library, ...),
 classes, contexts and objects it cannot look into; those are neither guarded
 nor tracked. Limits (depth, object count) keep it bounded.
@@ -44,6 +48,12 @@ LIBRARY_PACKAGES = frozenset({
 MAX_DEPTH = 16
 MAX_OBJECTS = 20000
 _NAME_ROUNDS = 6  # walks repeated while newly reached code mentions new attribute names
+
+#: A method an object may define to be walked through what it returns (a dict of
+#: tensors and Python values, built afresh on each call) instead of its attributes:
+#: tensors in it are captured, values guarded. Optimizers use it so that their
+#: hyperparameters and step counts, which change between calls, are not guards.
+CAPTURE_VIEW = "__fucina_captures__"
 
 #: Internal objects never looked into (contexts, IR nodes, raw tensors, storages).
 _OPAQUE = frozenset({ExecContext, Node, RawTensor, Storage})
@@ -112,6 +122,8 @@ def step(obj: Any, s: Step) -> Any:
         return obj.__defaults__[key]
     if kind == "kwdefault":
         return obj.__kwdefaults__[key]
+    if kind == "view":  # an object's declared capture view (see CAPTURE_VIEW)
+        return getattr(obj, key)()
     raise KeyError(kind)
 
 
@@ -384,6 +396,12 @@ class _Walker:
         elif isinstance(obj, types.ModuleType):
             for name in sorted(self.names & set(vars(obj))):
                 self.visit(vars(obj)[name], path + (("attr", name),), depth + 1)
+        elif callable(getattr(type(obj), CAPTURE_VIEW, None)):
+            # The object says what a trace may read from it (tensors it updates in place,
+            # values that shape the trace) instead of exposing every attribute.
+            caps.add_check(path, Check("type", type(obj)))
+            self.visit(getattr(obj, CAPTURE_VIEW)(), path + (("view", CAPTURE_VIEW),),
+                       depth + 1)
         elif _compiled_fn(obj) is not None:
             if len(path) > 1:
                 caps.add_check(path, Check("is", obj))

@@ -50,7 +50,7 @@ from .ir.printer import format_program
 from .ir.program import Program
 from .kernels.cache import SIZE_SOURCES, Kernel
 from .runtime.context import ExecContext
-from .runtime.gradmode import is_grad_enabled, no_grad
+from .runtime.gradmode import enable_grad, is_grad_enabled, no_grad
 from .runtime.lru import LRU
 from .runtime.raw import RawTensor, contiguous_strides, set_read_observer
 
@@ -138,9 +138,19 @@ class _Tracer:
         self.inputs: list[Node] = []
         # Per input: ("arg", k) tensor argument k, ("slot", k) capture slot k (read through
         # its path at call time), ("pinned", node) a tensor only this trace can reach.
+        # ("grad", k) the accumulated gradient of input k's tensor at call time.
         self.bindings: list[tuple[str, Any]] = []
-        self._lifted: dict[int, Node] = {}
+        # id(concrete node) -> (that node, its program value). The node is kept so that
+        # its id is not reused by a later temporary (a broadcast view made for one op).
+        self._lifted: dict[int, tuple[Node, Node]] = {}
         self.read_slots: set[int] = set()
+        # In-place updates and gradient reads inside the trace (optimizer steps).
+        self.arg_nodes: set[int] = set()            # nodes of the tensor arguments
+        self._version: dict[int, tuple[Node, Node]] = {}  # id(input) -> (input, value now)
+        self.prologues: list[Callable[[], None]] = []
+        self.grad_presence: dict[int, bool] = {}    # input -> its tensor has a grad at call
+        self.clears: list[int] = []                 # inputs whose grad is dropped at call end
+        self._grad_inputs: dict[int, Node] = {}
 
     def record(self, node: Node) -> None:
         """Nothing to keep: the program is reached from its outputs."""
@@ -157,22 +167,100 @@ class _Tracer:
         return node
 
     def lift(self, node: Node) -> Node:
+        """The program value a traced op reads for a concrete tensor (after any assign)."""
+        base = self._lift(node)
+        hit = self._version.get(id(base))
+        return base if hit is None else hit[1]
+
+    def _lift(self, node: Node) -> Node:
         hit = self._lifted.get(id(node))
-        if hit is not None:
-            return hit
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        # The lifted value requires grad exactly when the concrete one does, whatever the
+        # grad mode at the first read (emit gates recording by the mode of each op).
         slot = self.caps.slot_of(node)
         if slot is not None:
-            out = self.add_input(node.value, node.tags, node.requires_grad and is_grad_enabled(),
-                                 ("slot", slot))
+            out = self.add_input(node.value, node.tags, node.requires_grad, ("slot", slot))
         elif OPS.get(node.op, _NO_OP).is_view and node.inputs:
             # A view made while tracing over a concrete tensor: the same view of its lifted
             # base, so the program reads the base as it is at call time.
-            out = emit(node.op, (self.lift(node.inputs[0]),), node.tags, **node.attrs)
+            with enable_grad() if node.requires_grad else no_grad():
+                out = emit(node.op, (self.lift(node.inputs[0]),), node.tags, **node.attrs)
         else:
-            out = self.add_input(node.value, node.tags, node.requires_grad and is_grad_enabled(),
-                                 ("pinned", node))
-        self._lifted[id(node)] = out
+            out = self.add_input(node.value, node.tags, node.requires_grad, ("pinned", node))
+        self._lifted[id(node)] = (node, out)
         return out
+
+    # -- optimizer steps inside a trace -------------------------------------------------
+    #
+    # An assign records the target's new value (later reads in the trace see it) and
+    # the program writes the last value into the input after its run; the gradient a
+    # variable holds mid-trace is its gradient at call time (an input, guarded on being
+    # present) plus what this trace's backward passes produced; host-side bookkeeping
+    # (step counts, bias corrections) runs as a prologue before every run.
+
+    def _target(self, node: Node, what: str) -> Node:
+        """The program input behind a concrete tensor ``what`` updates or reads."""
+        if node.value.is_symbolic or id(node) in self.arg_nodes:
+            raise TypeError(
+                f"{what} inside fucina.compile works on tensors the function captures (a "
+                "model's variables, an optimizer's state), not on its tensor arguments or on "
+                "values computed while tracing")
+        base = self._lift(node)
+        if base.op != "input":
+            raise TypeError(f"{what} inside fucina.compile needs a whole tensor, not a view")
+        return base
+
+    def assign(self, target: Node, value: Node) -> None:
+        """``target`` (a captured tensor) holds ``value`` from here on in the trace."""
+        base = self._target(target, "an in-place update (assign)")
+        if target.value.storage.readonly:
+            raise TypeError("assign: the target's storage is read-only (borrowed const)")
+        if not value.value.is_symbolic:
+            value = self.lift(value)
+        self._version[id(base)] = (base, value)
+        # Views lifted before this point read the old value: lift them again when used.
+        self._lifted = {k: v for k, v in self._lifted.items() if v[1].op == "input"}
+
+    def writes(self) -> list[tuple[int, Node]]:
+        """(input index, final value) of every assigned input."""
+        return [(base.attrs["index"], v) for base, v in self._version.values() if v is not base]
+
+    def grad(self, node: Node) -> Node | None:
+        """The gradient the variable ``node`` holds at this point of the traced call."""
+        base = self._target(node, "reading a gradient")
+        k = base.attrs["index"]
+        total = None
+        if k not in self.clears:
+            present = node.grad is not None
+            self.grad_presence[k] = present
+            if present:
+                gi = self._grad_inputs.get(k)
+                if gi is None:
+                    gi = self._grad_inputs[k] = self.add_input(
+                        node.grad, base.tags, False, ("grad", k))  # type: ignore[arg-type]
+                total = gi
+        for leaf_, g in self.grads:
+            if leaf_ is base:
+                total = g if total is None else emit("binary", (total, g), fn="add")
+        return total
+
+    def set_grad(self, node: Node, value: Node) -> None:
+        """The variable ``node``'s gradient is ``value`` from here on (and after the call)."""
+        self.zero_grad(node)
+        self.grads.append((self._target(node, "setting a gradient"), value))
+
+    def zero_grad(self, node: Node) -> None:
+        """The variable ``node`` has no gradient from here on (and none after the call)."""
+        base = self._target(node, "zero_grad()")
+        self.grads = [(leaf_, g) for leaf_, g in self.grads if leaf_ is not base]
+        k = base.attrs["index"]
+        if k not in self.clears:
+            self.clears.append(k)
+
+    def prologue(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` before the program at every call (host-side optimizer bookkeeping)."""
+        self.prologues.append(fn)
 
     def read(self, raw: RawTensor) -> None:
         """Host code read data while tracing: a captured tensor's values now shape the trace."""
@@ -210,6 +298,10 @@ class _Entry:
         self.one_ctx = False  # arguments and used captures all on one context
         self._vjp: dict[int, tuple[Program, list[int | None], list[Node]]] = {}
         self._lock = threading.Lock()
+        # Optimizer steps traced into the program (see _Tracer.assign/grad/zero_grad).
+        self.prologues = tracer.prologues
+        self.clears = tracer.clears
+        self.grad_presence = sorted(tracer.grad_presence.items())
 
     # -- guards ----------------------------------------------------------------------
 
@@ -231,6 +323,12 @@ class _Entry:
         for k, snapshot in self.slot_values.items():
             if not cap.same_value(_values(found[k]), snapshot):
                 return None
+        for k, present in self.grad_presence:  # the trace read (or not) a prior gradient
+            kind, v = self.bindings[k]
+            node = (args.tensors[v]._node if kind == "arg" else found[v]._node_
+                    if kind == "slot" else v)
+            if node is None or (node.grad is not None) != present:
+                return None
         # Captured tensors share contexts with the arguments as they did when traced.
         scc = self.slot_ctx_class
         if scc:
@@ -251,8 +349,17 @@ class _Entry:
     def bound(self, args: _Args, found: list[Any]) -> list[Node]:
         """The node each program input reads at this call."""
         tensors = args.tensors
-        return [tensors[v]._node if kind == "arg" else found[v]._node if kind == "slot" else v
-                for kind, v in self.bindings]
+        out: list[Node] = []
+        for kind, v in self.bindings:
+            if kind == "arg":
+                out.append(tensors[v]._node)
+            elif kind == "slot":
+                out.append(found[v]._node)
+            elif kind == "grad":  # input v's accumulated gradient (present: guarded)
+                out.append(leaf(out[v].grad, None, False))
+            else:
+                out.append(v)
+        return out
 
     def vjp(self, j: int) -> tuple[Program, list[int | None], list[Node]]:
         """The backward program of output ``j`` (built on first use).
@@ -397,6 +504,7 @@ class Compiled:
             node = t._node
             rg = node.requires_grad and is_grad_enabled()
             inp = tracer.add_input(node.value, t.axis_tags, rg, ("arg", k))
+            tracer.arg_nodes.add(id(node))
             sym.append(type(t)._from_node(inp, t._ctx))
         sargs, skw = a.rebuild(args, kwargs, sym)
         flat: list[Node] = []
@@ -429,7 +537,7 @@ class Compiled:
             set_tracer(prev)
         by_id = {id(n): k for k, n in enumerate(tracer.inputs)}
         targets = [by_id.get(id(leaf_), leaf_) for leaf_, _ in tracer.grads]
-        program = Program(tracer.inputs, flat + [g for _, g in tracer.grads])
+        program = Program(tracer.inputs, flat + [g for _, g in tracer.grads], tracer.writes())
         # Each result lives on the context of the input it came from (or its own).
         ctx_rep: dict[int, tuple[str, Any]] = {}
         for k, t in enumerate(a.tensors):
@@ -477,9 +585,14 @@ class Compiled:
         if tracer is not None:
             return self._inline(tracer, args, kwargs)
         entry, a, found = self._lookup(args, kwargs)
+        for prologue in entry.prologues:
+            prologue()
         nodes = entry.bound(a, found)
         in_raws = [n.value for n in nodes]
         raws = entry.program.run(in_raws)
+        for k in entry.clears:  # zero_grad() ran inside the function
+            if nodes[k].op == "variable":
+                nodes[k].grad = None
         nout = len(entry.out_types)
         call = _CompiledCall(entry, in_raws) if any(entry.out_rg) else None
         diff_nodes = tuple(nodes[k] for k in entry.diff)
@@ -524,6 +637,8 @@ class Compiled:
             elif kind == "slot":
                 notes.append("captured: " + cap.describe(e.caps.paths[v][0]).strip()
                              + ", read at each call")
+            elif kind == "grad":
+                notes.append(f"the gradient of input {v} at each call")
             else:
                 notes.append("constant made while tracing")
         return format_program(e.program, notes)

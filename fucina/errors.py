@@ -54,6 +54,34 @@ class UnsupportedGradient(TensorError):
     """The op cannot propagate gradients for this combination of operands."""
 
 
+class MissingBackwardGradient(TensorError):
+    """A custom VJP's backward returned no gradient for an input that requires grad."""
+
+
+class NestedCheckpointRecompute(TensorError):
+    """A checkpointed block re-ran (in backward) inside another checkpoint's recompute."""
+
+
+class CheckpointOutputNotDifferentiable(TensorError):
+    """A checkpointed block, re-run in backward, returned a tensor with no gradient graph."""
+
+
+class CheckpointMissingInputGradient(TensorError):
+    """A checkpoint input that requires grad received no gradient from the re-run block."""
+
+
+class InvalidGradcheckOptions(ValueError):
+    """gradcheck options out of range: eps not finite and positive, tolerances negative."""
+
+
+class NoVariableInputs(TensorError):
+    """gradcheck was given no variable input to check."""
+
+
+class MissingAnalyticalGradient(TensorError):
+    """The analytical backward produced no gradient for a checked gradcheck input."""
+
+
 class GradientPreparedConv2dUnsupported(UnsupportedGradient):
     """A prepared-weight conv2d entry was given an operand that requires grad."""
 
@@ -121,6 +149,8 @@ class TensorNotFound(TensorError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
 class ActiveExecScopeUnsupported(TensorError):
     """A storage-consuming op (take_add_no_grad, take_scale_no_grad) was given a tensor an
     exec scope owns: consuming it would release the scope's reference early."""
@@ -154,6 +184,13 @@ __all__ = [
     "UnsupportedGradient",
     "GradientPreparedConv2dUnsupported",
     "MissingOutputGradient",
+    "MissingBackwardGradient",
+    "NestedCheckpointRecompute",
+    "CheckpointOutputNotDifferentiable",
+    "CheckpointMissingInputGradient",
+    "InvalidGradcheckOptions",
+    "NoVariableInputs",
+    "MissingAnalyticalGradient",
     "DivisionByZero",
     "ContextMismatch",
     "Deinitialized",

@@ -30,7 +30,7 @@ def test_lru_drops_the_least_recently_used():
 
 def test_cache_info_reports_every_cache():
     info = F.cache_info()
-    for name in ("kernel_cache", "plan_cache", "program_cache"):
+    for name in ("kernel_cache", "plan_cache", "gemm_plan_cache", "program_cache"):
         size, bound = getattr(info, name)
         assert 0 <= size <= bound or name == "program_cache"
         assert bound >= 1
@@ -73,3 +73,23 @@ def test_kernel_cache_is_bounded_and_held_kernels_keep_working(ctx, monkeypatch)
     assert F.cache_info().kernel_cache == (1, 1)
     np.testing.assert_allclose(f(x).numpy(), x.numpy() ** 2 + 3)  # its program still holds it
     np.testing.assert_allclose(g(x).numpy(), np.exp(x.numpy() / 2), rtol=1e-6)
+
+
+def test_gemm_plans_are_cached_per_signature_and_bounded(ctx, monkeypatch):
+    from fucina.kernels import gemm
+
+    monkeypatch.setattr(gemm, "PLANS", LRU(3))
+    rng = np.random.default_rng(3)
+    for n in range(2, 8):
+        av = rng.standard_normal((3, n)).astype(np.float32)
+        bv = rng.standard_normal((n, 5)).astype(np.float32)
+        a = F.Tensor("m", "k").from_slice(ctx, av.shape, av)
+        b = F.Tensor("k", "n").from_slice(ctx, bv.shape, bv)
+        for _ in range(2):  # the second call reuses the plan: same values
+            np.testing.assert_allclose(a.dot(b, "k").numpy(), av @ bv, rtol=1e-5, atol=1e-6)
+        # A transposed right operand is another signature with its own plan.
+        bt = F.Tensor("n", "k").from_slice(ctx, bv.T.shape, np.ascontiguousarray(bv.T))
+        np.testing.assert_allclose(a.dot(bt, "k").numpy(), av @ bv, rtol=1e-5, atol=1e-6)
+    assert len(gemm.PLANS) == 3 and gemm.PLANS.evictions > 0
+    assert F.cache_info().gemm_plan_cache == (3, 3)
+    assert "gemm_plan_cache=(3, 3)" in repr(F.cache_info())

@@ -205,3 +205,17 @@ def test_outputs_live_on_the_context_of_their_inputs():
         y = fast(_vec(c, [1.0]))
         assert y._ctx is c
     assert fast.cache_size() == 1
+
+
+def test_temporary_views_of_captures_never_alias_a_later_capture(ctx):
+    # Regression: lifted captures were memoized by id(node); a view made while tracing
+    # (pos.narrow(...)) was freed and its id reused by a later view, which then got the
+    # stale lifted node ((16, 8) instead of a broadcast to (1, 16, 8)).
+    x0 = np.arange(16 * 8, dtype=np.float32).reshape(1, 16, 8)
+    p0 = np.arange(32 * 8, dtype=np.float32).reshape(32, 8) / 7
+    t0 = np.arange(2 * 8, dtype=np.float32).reshape(2, 8) / 3
+    x = F.Tensor("b", "s", "d").from_numpy(ctx, x0)
+    p = F.Tensor("pos", "d").from_numpy(ctx, p0)
+    t = F.Tensor("type", "d").from_numpy(ctx, t0).select("type", 0)
+    fast = F.compile(lambda x: x.add(p.narrow("pos", 0, 16).with_tags("s", "d")).add(t))
+    np.testing.assert_allclose(fast(x).numpy(), x0 + p0[:16] + t0[0], rtol=1e-6)

@@ -478,8 +478,15 @@ def accumulate(leaf: Node, g: Node) -> None:
                          fn="add").value
 
 
-def backward(root: Node, seed: Node) -> None:
-    """Propagate ``seed`` (d loss / d root) to every variable leaf below ``root``."""
+def backward(root: Node, seed: Node,
+             deliver: Callable[[Node, Node], None] | None = None) -> None:
+    """Propagate ``seed`` (d loss / d root) to every variable leaf below ``root``.
+
+    ``deliver(leaf, g)`` replaces :func:`accumulate` at the leaves (a checkpoint's
+    recompute collects its inputs' gradients through sinks and delivers nothing).
+    """
+    if deliver is None:
+        deliver = accumulate
     order = topo_order([root], grad_only=True)
     grads: dict[int, Node] = {id(root): seed}
     with no_grad():
@@ -488,7 +495,7 @@ def backward(root: Node, seed: Node) -> None:
             if g is None:
                 continue
             if node.op in ("variable", "input"):  # input: a traced argument
-                accumulate(node, g)
+                deliver(node, g)
                 continue
             if node.is_leaf:
                 continue

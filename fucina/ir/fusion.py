@@ -175,6 +175,63 @@ class Fuser:
         self.ref_deps[id(n)] = {u for v in n.inputs if (u := self._unit(v)) is not None}
         return None
 
+    def merge_into_readers(self, placed: list[tuple[Node, Group | None]]) -> None:
+        """Fold each pointwise kernel into the one kernel that reads its values.
+
+        Placement joins a node to the kernel of one of its inputs' producers, so a
+        chain that starts from program inputs (``v * beta2`` in an optimizer
+        update) or from a reference step's result opens a kernel of its own. When
+        all of a kernel's values are read, directly (not through views), by one
+        other pointwise kernel of the same shape, and nothing it reads depends on
+        that kernel, its members move to the front of the reader: one launch and
+        no buffer in between. Folds cascade in creation order.
+        """
+        readers: dict[int, set[tuple[str, int]]] = {}
+        direct: dict[int, bool] = {}  # gid -> every outside read of it is direct
+        for n, g in placed:
+            unit = ("g", g.gid) if g is not None else ("r", id(n))
+            for v in n.inputs:
+                p = self.producer(v)
+                pg = self.group_of.get(id(p))
+                if pg is not None and pg is not g:
+                    readers.setdefault(pg.gid, set()).add(unit)
+                    if v is not p:
+                        direct[pg.gid] = False
+        moved: dict[int, int] = {}  # gid -> the group its members went to
+
+        def home(gid: int) -> int:
+            while gid in moved:
+                gid = moved[gid]
+            return gid
+
+        for a in self.groups:
+            if a.raxes or not a.members:
+                continue
+            rs = {(kind, home(i) if kind == "g" else i) for kind, i in readers.get(a.gid, ())}
+            if len(rs) != 1 or not direct.get(a.gid, True):
+                continue
+            kind, bid = next(iter(rs))
+            b = self.groups[bid] if kind == "g" else None
+            if b is None or b is a or b.raxes or b.full_shape != a.full_shape \
+                    or b.has_index != a.has_index:
+                continue
+            if any(self._depends(b, d) for d in a.deps):
+                continue  # a reads a step that reads b: folding would make a cycle
+            b.members[:0] = a.members
+            for m in a.members:
+                b.level[id(m)] = "kept"
+                self.group_of[id(m)] = b
+            b.deps |= a.deps
+            b.deps.discard(("g", a.gid))
+            a.members = []
+            a.deps = set()
+            moved[a.gid] = b.gid
+            for g in self.groups:  # a's other readers were b's members: now b itself
+                if ("g", a.gid) in g.deps:
+                    g.deps.discard(("g", a.gid))
+                    if g is not b:
+                        g.deps.add(("g", b.gid))
+
     def _join(self, n: Node, g: Group, level: str) -> Group:
         g.members.append(n)
         g.level[id(n)] = level

@@ -82,5 +82,9 @@ def format_program(prog: Any, input_notes: list[str] | None = None) -> str:
             n = st.node
             note = st.gemm.describe() if st.gemm is not None else "reference kernel"
             out.append("  " + format_nodes([n], names)[0] + f"   ({note})")
+    copied = {id(v) for _, v in getattr(prog, "copies", ())}
+    for k, v in getattr(prog, "writes", ()):
+        how = "copied after the last step" if id(v) in copied else "stored in place by its kernel"
+        out.append(f"  write %in{k} <- {names.get(id(v), '?')}   ({how})")
     out.append("  return " + ", ".join(names.get(id(o), "?") for o in prog.outputs))
     return "\n".join(out)

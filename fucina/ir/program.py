@@ -102,13 +102,24 @@ def _step_inputs(st: Step) -> list[Node]:
 
 
 class Program:
-    """An optimized, runnable program for one input signature."""
+    """An optimized, runnable program for one input signature.
 
-    def __init__(self, inputs: list[Node], outputs: list[Node]):
+    ``writes`` are in-place updates of inputs, ``(input index, value node)``:
+    after the run each input holds its value (an optimizer step writing the
+    parameters and its state). A value computed by a pointwise kernel that
+    is the last reader of its input is written straight into the input's
+    buffer; any other value is copied there once every step has run.
+    """
+
+    def __init__(self, inputs: list[Node], outputs: list[Node],
+                 writes: list[tuple[int, Node]] | tuple[()] = ()):
         self.inputs = inputs
-        order = topo_order(outputs)
-        order, outputs = _cse(order, outputs)
+        roots = list(outputs) + [v for _, v in writes]
+        order = topo_order(roots)
+        order, roots = _cse(order, roots)
+        outputs = roots[:len(outputs)]
         self.outputs = outputs
+        self.writes = [(k, v) for (k, _), v in zip(writes, roots[len(outputs):])]
         self.nodes = order
         # Buffers: every non-view node owns its value's storage.
         owner: dict[int, Node] = {}
@@ -122,8 +133,11 @@ class Program:
             if n.op in ("input", "const", "variable") or OPS[n.op].is_view:
                 continue
             placed.append((n, fuser.add(n)))
+        fuser.merge_into_readers(placed)
+        placed = [(n, fuser.group_of[id(n)] if g is not None else None) for n, g in placed]
         # A member's value leaves its kernel when anything outside the kernel reads it.
-        needed: set[int] = {id(owner[id(o.value.storage)]) for o in outputs}
+        needed: set[int] = {id(owner[id(o.value.storage)])
+                            for o in outputs + [v for _, v in self.writes]}
         for n, g in placed:
             for v in n.inputs:
                 p = owner[id(v.value.storage)]
@@ -195,7 +209,7 @@ class Program:
             reads = _step_inputs(st)
             for v in reads:
                 last_use[id(v.value.storage)] = k
-        keep = {id(o.value.storage) for o in self.outputs}
+        keep = {id(o.value.storage) for o in self.outputs + [v for _, v in self.writes]}
         produced_ids = {id(n.value.storage) for ns in produced for n in ns}
         free: dict[tuple[str, int], list[int]] = {}
         self.fresh_slots: set[int] = set()
@@ -225,17 +239,18 @@ class Program:
                     slot = self.slot[sid]
                     dtype, count = self.slot_meta[slot]
                     free.setdefault((dtype.str, count), []).append(slot)
-        for st in self.steps:
-            if st.kind == "kernel":
-                b: Any = st.built
-                st.in_slots = tuple(self.slot[id(v.value.storage)] for v in b.inputs)
-                st.tail = (*b.int_args, *b.loop_sizes, *b.params)
-        for o in self.outputs:
+        for o in self.outputs + [v for _, v in self.writes]:
             sid = id(o.value.storage)
             if sid not in self.slot:  # an output that is a const captured by the trace
                 self.slot[sid] = len(self.slot_meta)
                 self.slot_meta.append((o.value.dtype.storage, 0))
                 self.const_slots.append((self.slot[sid], self.owner[sid]))
+        self._plan_writes()
+        for st in self.steps:  # after the writes: a value written in place reads its input
+            if st.kind == "kernel":
+                b: Any = st.built
+                st.in_slots = tuple(self.slot[id(v.value.storage)] for v in b.inputs)
+                st.tail = (*b.int_args, *b.loop_sizes, *b.params)
         # Per input: the element count its traced strided views read (0: none).
         self.input_need = [(k, need) for k, n in enumerate(self.inputs)
                            if (need := getattr(n.value.storage, "need", 0))]
@@ -243,6 +258,49 @@ class Program:
         # one) and gives it back, so threads calling one program never share scratch.
         # (list.pop/append are atomic: no lock needed.)
         self._scratch_free: list[dict[int, np.ndarray]] = []
+
+    def _plan_writes(self) -> None:
+        """Write each in-place value into its input's buffer directly where that is safe.
+
+        Safe: the value is stored by a pointwise kernel, in the input's own layout,
+        every read of the input inside that kernel is element-aligned with the
+        store, no later step reads the input's old value and the value is not a
+        program output. Everything else is copied after the last step (``copies``).
+        """
+        self.copies: list[tuple[int, Node]] = []
+        out_ids = {id(o.value.storage) for o in self.outputs}
+        for k, v in self.writes:
+            if not self._write_in_place(k, v, out_ids):
+                self.copies.append((k, v))
+
+    def _write_in_place(self, k: int, v: Node, out_ids: set[int]) -> bool:
+        target = self.inputs[k].value
+        sid, tid = id(v.value.storage), id(target.storage)
+        if sid in out_ids or sid == tid or self.slot.get(sid, -1) < len(self.inputs):
+            return False
+        lay = (v.value.shape, v.value.strides, v.value.offset)
+        if lay != (target.shape, target.strides, 0) or not target.is_contiguous():
+            return False
+        at = next((i for i, st in enumerate(self.steps)
+                   if any(id(n.value.storage) == sid for n in _step_outputs(st))), None)
+        if at is None:
+            return False
+        st = self.steps[at]
+        if st.kind != "kernel" or st.built is None or st.built.spec.nr:
+            return False
+        for n in st.built.inputs:
+            if id(n.value.storage) == tid and (n.value.shape, n.value.strides,
+                                               n.value.offset) != lay:
+                return False
+        for later in self.steps[at + 1:]:  # (reading the value itself later is fine)
+            if any(id(n.value.storage) == tid for n in _step_inputs(later)):
+                return False
+        if sum(id(w.value.storage) == sid for _, w in self.writes) > 1:
+            return False  # one value written into two inputs: copy it into both
+        slot = self.slot[sid]
+        self.fresh_slots.discard(slot)
+        self.slot[sid] = k
+        return True
 
     # -- running -------------------------------------------------------------------
 
@@ -279,6 +337,9 @@ class Program:
                         self._ref(node, bufs, scratch, st.gemm)
                     else:
                         self._check(node, bufs)
+            for k, w in self.copies:  # in-place updates not written by their kernel
+                src = _view(bufs[self.slot[id(w.value.storage)]], w.value)
+                np.copyto(_view(bufs[k], self.inputs[k].value), src)
         finally:
             if len(self._scratch_free) < _SCRATCH_SETS:
                 self._scratch_free.append(scratch)

@@ -10,9 +10,12 @@ Routes for ``conv2d`` (groups == 1):
 
 - 3x3, stride 1, dilation 1, padding <= 1: Winograd F(4x4, 3x3) (36 transform
   planes, 4x fewer multiplies than im2col) on maps of at least 8x8, F(2x2, 3x3)
-  (16 planes, 2.25x fewer) below. The planes turn the 3x3 window into one
-  batched GEMM per chunk of output tiles; the transforms are Numba loops over
-  contiguous channel vectors, the GEMM is numpy's BLAS.
+  (16 planes, 2.25x fewer) below. The planes turn the 3x3 window into one GEMM
+  per plane over the tiles. For moderate channel counts the whole conv is one
+  parallel Numba region: each task takes a block of tiles through the input
+  transform, one small single-threaded BLAS call per plane and the output
+  transform in its own cache; deeper channels take chunks of tiles through a
+  parallel transform, numpy's batched BLAS GEMM and a parallel transform back.
 - otherwise: im2col of a tile of output pixels into a cache-sized buffer, then
   one BLAS GEMM per tile writing straight into the output rows.
 
@@ -43,6 +46,18 @@ Window = tuple[int, int, int, int, int, int, int, int]
 
 #: Bytes of im2col buffer per GEMM tile: L3-sized, few BLAS calls per conv.
 TILE_BYTES = 1 << 23
+#: The fused Winograd kernel multiplies blocks of tiles with one BLAS call per plane
+#: from inside its parallel tasks (numba's np.dot: scipy's BLAS). It keeps each call
+#: below this many multiply-adds, where OpenBLAS runs a GEMM on the calling thread
+#: (65536 x GEMM_MULTITHREAD_THRESHOLD 4): BLAS threads inside the tasks would
+#: contend. A BLAS that threads smaller calls is slower here, never wrong.
+#: Channel counts that leave fewer than FUSED_MIN_ROWS tiles per block use the
+#: chunked route (big batched GEMMs between two parallel regions).
+FUSED_GEMM_MACS = 1 << 18
+FUSED_MIN_ROWS = 16
+#: Parallel tasks of the fused kernel (each owns its plane buffers); a few per
+#: core, so a stalled thread's share is picked up by the others.
+FUSED_TASKS = 8
 #: Bytes of Winograd transform planes (input + product) per chunk of tiles: large, so
 #: a conv makes few BLAS calls and parallel regions (both stall on a busy machine).
 WINO_CHUNK_BYTES = 1 << 26
@@ -233,19 +248,106 @@ WINOGRAD = {2: (_BT2, _G2, _AT2), 4: (_BT4, _G4, _AT4)}
 _BLOCK = 8
 
 
+@_inline
+def _tile_in(x, H, W, C, b, y0, x0, n, bt, tmp, V, TC, q):
+    """V[plane*TC + q + c] = (B^T d B)[plane, c] for the n x n tile d at (y0, x0) of
+    image b; returns the sum of the entries written (the non-finite probe).
+
+    Separable: rows first into ``tmp``, then columns; every step is a vector op
+    over the contiguous channels. Pad taps read 0.
+    """
+    for j in range(n):  # tmp[i, j] = sum_k bt[i, k] d[k, j]
+        ix = x0 + j
+        for i in range(n):
+            o = (i * n + j) * C
+            dst = tmp[o:o + C]
+            for c in range(C):
+                dst[c] = 0.0
+            if ix < 0 or ix >= W:
+                continue
+            for k in range(n):
+                cf = np.float32(bt[i, k])
+                iy = y0 + k
+                if cf == 0 or iy < 0 or iy >= H:
+                    continue
+                s = ((b * H + iy) * W + ix) * C
+                src = x[s:s + C]
+                for c in range(C):
+                    dst[c] += cf * src[c]
+    acc = np.float32(0.0)
+    for i in range(n):  # V[i, j] = sum_l tmp[i, l] bt[j, l]
+        for j in range(n):
+            o = (i * n + j) * TC + q
+            dst = V[o:o + C]
+            for c in range(C):
+                dst[c] = 0.0
+            for k in range(n):
+                cf = np.float32(bt[j, k])
+                if cf == 0:
+                    continue
+                s = (i * n + k) * C
+                src = tmp[s:s + C]
+                for c in range(C):
+                    dst[c] += cf * src[c]
+            for c in range(C):
+                acc += dst[c]
+    return acc
+
+
+@_inline
+def _tile_out(M, TC, q, bias, has_bias, relu, oH, oW, Co, b, ty, tx, m, n, at, tmp, out):
+    """The m x m outputs of tile (ty, tx) of image b = A^T M A (+ bias, relu), read from
+    its n*n product planes at ``M[plane*TC + q:...]``; outputs past the map are skipped."""
+    for i in range(m):  # tmp[i, j] = sum_k at[i, k] M[k, j]
+        for j in range(n):
+            o = (i * n + j) * Co
+            dst = tmp[o:o + Co]
+            for c in range(Co):
+                dst[c] = 0.0
+            for k in range(n):
+                cf = np.float32(at[i, k])
+                if cf == 0:
+                    continue
+                s = (k * n + j) * TC + q
+                src = M[s:s + Co]
+                for c in range(Co):
+                    dst[c] += cf * src[c]
+    for i in range(m):  # y[i, j] = sum_l tmp[i, l] at[j, l]
+        y = m * ty + i
+        if y >= oH:
+            continue
+        for j in range(m):
+            xo = m * tx + j
+            if xo >= oW:
+                continue
+            o = ((b * oH + y) * oW + xo) * Co
+            dst = out[o:o + Co]
+            for c in range(Co):
+                dst[c] = bias[c] if has_bias else np.float32(0.0)
+            for k in range(n):
+                cf = np.float32(at[j, k])
+                if cf == 0:
+                    continue
+                s = (i * n + k) * Co
+                src = tmp[s:s + Co]
+                for c in range(Co):
+                    dst[c] += cf * src[c]
+            if relu:
+                for c in range(Co):
+                    if dst[c] < 0:
+                        dst[c] = 0.0
+
+
 @_par
 def _wino_in(x, H, W, C, ph, pw, tH, tW, t0, t1, m, bt, V):
-    """V[plane, t - t0, :] = (B^T d B)[plane] for the n x n input tile d of tile t.
+    """Input transform of tiles [t0, t1) into planes ``V[n*n, t1 - t0, C]``.
 
-    Separable: rows first into a scratch tile, then columns; every step is a
-    vector op over the contiguous channels. Returns the sum of every V entry,
-    non-finite exactly when an input of these tiles is (B^T . B is invertible),
-    which sends the caller to the im2col route so that NaN and inf reach only
-    the outputs whose window reads them.
+    Returns the sum of every entry: non-finite exactly when an input of these
+    tiles is (B^T . B is invertible), which sends the caller to the im2col
+    route so NaN and inf reach only the outputs whose window reads them.
     """
     n = bt.shape[0]
     T = t1 - t0
-    TC = T * C
     tpi = tH * tW
     total = np.float32(0.0)
     for blk in prange((T + _BLOCK - 1) // _BLOCK):
@@ -256,53 +358,17 @@ def _wino_in(x, H, W, C, ph, pw, tH, tW, t0, t1, m, bt, V):
             r = t - b * tpi
             ty = r // tW
             tx = r - ty * tW
-            y0 = m * ty - ph
-            x0 = m * tx - pw
-            for j in range(n):  # tmp[i, j] = sum_k bt[i, k] d[k, j]
-                ix = x0 + j
-                for i in range(n):
-                    o = (i * n + j) * C
-                    dst = tmp[o:o + C]
-                    for c in range(C):
-                        dst[c] = 0.0
-                    if ix < 0 or ix >= W:
-                        continue
-                    for k in range(n):
-                        cf = np.float32(bt[i, k])
-                        iy = y0 + k
-                        if cf == 0 or iy < 0 or iy >= H:
-                            continue
-                        s = ((b * H + iy) * W + ix) * C
-                        src = x[s:s + C]
-                        for c in range(C):
-                            dst[c] += cf * src[c]
-            q = (t - t0) * C
-            for i in range(n):  # V[i, j] = sum_l tmp[i, l] bt[j, l]
-                for j in range(n):
-                    o = (i * n + j) * TC + q
-                    dst = V[o:o + C]
-                    for c in range(C):
-                        dst[c] = 0.0
-                    for k in range(n):
-                        cf = np.float32(bt[j, k])
-                        if cf == 0:
-                            continue
-                        s = (i * n + k) * C
-                        src = tmp[s:s + C]
-                        for c in range(C):
-                            dst[c] += cf * src[c]
-                    for c in range(C):
-                        acc += dst[c]
+            acc += _tile_in(x, H, W, C, b, m * ty - ph, m * tx - pw, n, bt, tmp, V, T * C,
+                            (t - t0) * C)
         total += acc
     return total
 
 
 @_par
 def _wino_out(M, bias, has_bias, relu, oH, oW, Co, tH, tW, t0, t1, m, at, out):
-    """Each tile's m x m outputs = A^T M A (+ bias, relu) from its n*n product planes."""
+    """Output transform of tiles [t0, t1) from the product planes ``M[n*n, t1 - t0, Co]``."""
     n = at.shape[1]
     T = t1 - t0
-    TC = T * Co
     tpi = tH * tW
     for blk in prange((T + _BLOCK - 1) // _BLOCK):
         tmp = np.empty(m * n * Co, np.float32)
@@ -311,45 +377,55 @@ def _wino_out(M, bias, has_bias, relu, oH, oW, Co, tH, tW, t0, t1, m, at, out):
             r = t - b * tpi
             ty = r // tW
             tx = r - ty * tW
-            q = (t - t0) * Co
-            for i in range(m):  # tmp[i, j] = sum_k at[i, k] M[k, j]
-                for j in range(n):
-                    o = (i * n + j) * Co
-                    dst = tmp[o:o + Co]
-                    for c in range(Co):
-                        dst[c] = 0.0
-                    for k in range(n):
-                        cf = np.float32(at[i, k])
-                        if cf == 0:
-                            continue
-                        s = (k * n + j) * TC + q
-                        src = M[s:s + Co]
-                        for c in range(Co):
-                            dst[c] += cf * src[c]
-            for i in range(m):  # y[i, j] = sum_l tmp[i, l] at[j, l]
-                y = m * ty + i
-                if y >= oH:
-                    continue
-                for j in range(m):
-                    xo = m * tx + j
-                    if xo >= oW:
-                        continue
-                    o = ((b * oH + y) * oW + xo) * Co
-                    dst = out[o:o + Co]
-                    for c in range(Co):
-                        dst[c] = bias[c] if has_bias else np.float32(0.0)
-                    for k in range(n):
-                        cf = np.float32(at[j, k])
-                        if cf == 0:
-                            continue
-                        s = (i * n + k) * Co
-                        src = tmp[s:s + Co]
-                        for c in range(Co):
-                            dst[c] += cf * src[c]
-                    if relu:
-                        for c in range(Co):
-                            if dst[c] < 0:
-                                dst[c] = 0.0
+            _tile_out(M, T * Co, (t - t0) * Co, bias, has_bias, relu, oH, oW, Co, b, ty, tx,
+                      m, n, at, tmp, out)
+
+
+@_par
+def _wino_fused(x, u, bias, has_bias, relu, H, W, C, Co, ph, pw, oH, oW, tH, tW, NT, m,
+                bt, at, rows, VS, MS, out):
+    """The whole Winograd conv in one parallel region: each task takes blocks of
+    ``rows`` tiles through input transform, one small GEMM per plane (single-
+    threaded BLAS inside the task) and output transform, all in its own cache.
+    ``VS``/``MS`` hold each task's planes: ``[tasks, n*n, rows, C or Co]``.
+
+    Returns the non-finite probe of :func:`_wino_in` over every tile.
+    """
+    n = bt.shape[0]
+    nn = n * n
+    tpi = tH * tW
+    nblk = (NT + rows - 1) // rows
+    nsuper = VS.shape[0]
+    total = np.float32(0.0)
+    for sup in prange(nsuper):
+        V = VS[sup]
+        M = MS[sup]
+        Vf = V.reshape(-1)
+        Mf = M.reshape(-1)
+        tin = np.empty(n * n * C, np.float32)
+        tout = np.empty(m * n * Co, np.float32)
+        acc = np.float32(0.0)
+        for blk in range(sup * nblk // nsuper, (sup + 1) * nblk // nsuper):
+            t0 = blk * rows
+            k = min(NT, t0 + rows) - t0
+            for t in range(t0, t0 + k):
+                b = t // tpi
+                r = t - b * tpi
+                ty = r // tW
+                tx = r - ty * tW
+                acc += _tile_in(x, H, W, C, b, m * ty - ph, m * tx - pw, n, bt, tin, Vf,
+                                rows * C, (t - t0) * C)
+            for p in range(nn):
+                np.dot(V[p, :k], u[p], M[p, :k])
+            for t in range(t0, t0 + k):
+                b = t // tpi
+                r = t - b * tpi
+                ty = r // tW
+                tx = r - ty * tW
+                _tile_out(Mf, rows * Co, (t - t0) * Co, bias, has_bias, relu, oH, oW, Co, b,
+                          ty, tx, m, n, at, tout, out)
+        total += acc
+    return total
 
 
 def winograd_eligible(w_shape: tuple[int, ...], win: Window, groups: int,
@@ -391,11 +467,24 @@ def _conv_winograd(x: np.ndarray, u: np.ndarray, m: int, bias: np.ndarray | None
     oH, oW = out.shape[1], out.shape[2]
     tH, tW = -(-oH // m), -(-oW // m)
     NT = B * tH * tW
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    rows = (FUSED_GEMM_MACS - 1) // (C * Co)
+    if rows >= FUSED_MIN_ROWS:
+        rows = min(rows, NT)
+        tasks = min(-(-NT // rows), FUSED_TASKS)
+        vs = _scratch(tasks * n * n * rows * C)
+        ms = _scratch(tasks * n * n * rows * Co)
+        total = _wino_fused(xf, u, bias if bias is not None else u[0, 0], bias is not None,
+                            relu, H, W, C, Co, ph, pw, oH, oW, tH, tW, NT, m, bt, at, rows,
+                            vs.reshape(tasks, n * n, rows, C),
+                            ms.reshape(tasks, n * n, rows, Co), of)
+        POOL.give(vs)
+        POOL.give(ms)
+        return math.isfinite(total)
     chunk = max(_BLOCK, min(NT, WINO_CHUNK_BYTES // (4 * n * n * (C + Co))))
     V = _scratch(n * n * chunk * C)
     M = _scratch(n * n * chunk * Co)
-    xf = x.reshape(-1)
-    of = out.reshape(-1)
     bvec = bias if bias is not None else V[:1]
     finite = True
     for t0 in range(0, NT, chunk):

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..argnames import bad_argument
 from ..dtypes import DType
 from ..errors import InvalidDataLength, InvalidShape, UnsupportedView
 from .storage import Storage, SymbolicStorage
 
 MAX_RANK = 8
+#: Most elements a tensor may have (no allocation beyond it can succeed).
+MAX_ELEMENTS = 2**62
 
 _reads = threading.local()
 
@@ -47,15 +50,21 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def check_shape(shape: object, rank: int | None = None) -> tuple[int, ...]:
-    """Validate a shape: a sequence of positive ints of the expected rank (1..8)."""
-    try:
-        dims: tuple[object, ...] = tuple(shape)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidShape(f"shape must be a sequence of ints, got {shape!r}") from None
+    """Validate a shape: a sequence of positive ints of the expected rank (1..8).
+
+    TypeError (naming the argument) for anything but a sequence of ints;
+    InvalidShape for sizes that are not positive, a wrong rank, or more
+    elements than any buffer can hold.
+    """
+    if isinstance(shape, np.ndarray) and shape.ndim == 1:
+        shape = shape.tolist()
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise TypeError(bad_argument("shape", shape, "a sequence of ints"))
+    dims: tuple[object, ...] = tuple(shape)
     out = []
     for d in dims:
         if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-            raise InvalidShape(f"shape entries must be ints, got {d!r} in {dims!r}")
+            raise TypeError(bad_argument("shape", shape, f"a sequence of ints ({d!r} is not)"))
         if d <= 0:
             raise InvalidShape(f"zero or negative dimension {int(d)} in shape {dims!r}")
         out.append(int(d))
@@ -63,6 +72,8 @@ def check_shape(shape: object, rank: int | None = None) -> tuple[int, ...]:
         raise InvalidShape(f"shape {tuple(out)} has rank {len(out)}, expected rank {rank}")
     if not 1 <= len(out) <= MAX_RANK:
         raise InvalidShape(f"raw rank must be 1..{MAX_RANK}, got shape {tuple(out)}")
+    if math.prod(out) > MAX_ELEMENTS:
+        raise InvalidShape(f"shape {tuple(out)} has more than 2**62 elements")
     return tuple(out)
 
 

@@ -25,8 +25,9 @@ END = "<!-- END GENERATED METHOD REFERENCE -->"
 
 #: op-family modules in reading order; mixins of modules not listed follow, by name.
 _MODULE_ORDER = ("base", "construct", "views", "structural", "math", "unary", "masks",
-                 "reductions", "scans", "softmax", "norms", "gated", "activations",
-                 "elemental", "losses", "selection", "inplace", "contract", "quantized", "autograd")
+                 "reductions", "scans", "softmax", "norms", "rope", "attention", "gated",
+                 "activations", "elemental", "losses", "selection", "inplace", "contract",
+                 "quantized", "autograd")
 
 
 def branch_classes() -> list[type]:

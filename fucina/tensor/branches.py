@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..dtypes import DType
 from .activations import ParamActivations
+from .attention import Attention
 from .autograd import Backward, Cast, Detach, GradAccess
 from .base import ItemAccess, Tensor
 from .construct import (
@@ -45,6 +46,7 @@ from .math import (
 from .norms import Norms, NormsF32
 from .quantized import PackRhs, QuantizedMatmul
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
+from .rope import Rope
 from .scans import Scans
 from .selection import Selection
 from .softmax import Softmax
@@ -66,6 +68,7 @@ __all__ = [
 
 
 class F32Tensor(
+    Attention, Rope,
     QuantizedMatmul, PackRhs,
     NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental, InPlace,
     ConvOps, Losses, Selection, Softmax, Matmul, Einsum, Dot,
