@@ -386,12 +386,15 @@ def test_forward_only_fused_losses_keep_nothing(ctx, monkeypatch):
     w = _var(ctx, ("k", "d"), np.ones((5, 3)))
     with F.no_grad():
         loss = x.linear_cross_entropy(w, [0, 4])
-    assert not loss.requires_grad and made[0].logits is None
+    assert not loss.requires_grad and made[0].saved().logits is None
     assert loss.item() == pytest.approx(math.log(5), abs=1e-6)
     kept = x.linear_cross_entropy(w, [0, 4])  # w requires grad: the logits are kept
-    assert made[1].logits is not None and made[1].logits.shape == (2, 5)
+    assert made[1].saved().logits is not None and made[1].saved().logits.shape == (2, 5)
     kept.backward()
-    assert made[1].logits is None and made[1].buffer is None  # consumed and dropped
+    assert made[1].saved().logits is None and made[1].saved().buffer is None  # consumed and dropped
+    x4 = _var(ctx, ("r", "d"), np.ones((4, 3)))
+    x4.linear_distill(w, [3, 0, 3, 3], [1, 2, 3, 4], [0.25] * 4)
+    assert made[2].saved().logits.shape == (2, 5)  # only the unique rows named are projected
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -552,3 +555,44 @@ def test_compiled_losses_differentiated_by_the_caller(ctx):
             assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-6)
             np.testing.assert_allclose(grads[0][1], grads[1][1], rtol=1e-6, atol=1e-7)
             np.testing.assert_allclose(grads[0][2], grads[1][2], rtol=1e-6, atol=1e-7)
+
+
+def test_one_compiled_fused_loss_program_runs_on_several_threads(ctx):
+    import threading
+
+    rng = np.random.default_rng(10)
+    pairs = [(_var(ctx, ("r", "d"), rng.standard_normal((64, 16))),
+              _var(ctx, ("k", "d"), rng.standard_normal((300, 16)))) for _ in range(3)]
+    labels = rng.integers(0, 300, 64)
+
+    def step(x, w):
+        loss = x.linear_cross_entropy(w, labels, label_smoothing=0.1).add(
+            x.linear_distill(w, [3, 9, 3], [1, 2, 299], [0.5, 0.3, 0.2]))
+        loss.backward()
+        return loss
+
+    fast = F.compile(step)
+    got: dict[int, list] = {}
+
+    def work(k):
+        x, w = pairs[k]
+        for _ in range(4):
+            x.zero_grad()
+            w.zero_grad()
+            loss = fast(x, w)
+        got[k] = [loss.item(), x.grad().numpy(), w.grad().numpy()]
+
+    fast(*pairs[0])  # trace once; the threads share the program
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert fast.cache_size() == 1
+    for k, (x, w) in enumerate(pairs):
+        x.zero_grad()
+        w.zero_grad()
+        want = step(x, w).item()
+        assert got[k][0] == pytest.approx(want, rel=1e-6)
+        np.testing.assert_allclose(got[k][1], x.grad().numpy(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got[k][2], w.grad().numpy(), rtol=1e-5, atol=1e-7)

@@ -27,6 +27,7 @@ before any kernel reads them; the kernels check them once more as a guard.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,41 +110,64 @@ def _ce_rows_vjp(n: Node, g: Node) -> tuple[Node | None, ...]:
 # -- the saved-logits record of the fused linear losses --------------------------------
 
 
-class SavedLogits:
-    """Logits a fused linear loss keeps for its backward, which consumes them in place.
+class _Saved:
+    """What one forward run keeps for its backward."""
 
-    ``reuse`` (compiled programs) keeps the buffer between runs, as programs keep
-    their intermediates; eager records drop it once consumed.
-    """
+    __slots__ = ("logits", "lse", "extra", "buffer")
 
-    __slots__ = ("logits", "lse", "extra", "buffer", "reuse", "claimed", "error")
-
-    def __init__(self, reuse: bool, error: type[Exception]):
+    def __init__(self) -> None:
         self.logits: np.ndarray | None = None
         self.lse: np.ndarray | None = None
         self.extra: Any = None
         self.buffer: np.ndarray | None = None
+
+
+class SavedLogits:
+    """Logits a fused linear loss keeps for its backward, which consumes them in place.
+
+    A compiled program's record (``reuse``) keeps its buffer between runs, as
+    programs keep their intermediates, and keeps it per thread: a program may
+    run on several threads at once, and each run's forward and backward steps
+    run on the run's thread. An eager record holds one forward's logits (its
+    backward may run on any thread) and drops them once consumed.
+    """
+
+    __slots__ = ("reuse", "claimed", "error", "_one", "_local")
+
+    def __init__(self, reuse: bool, error: type[Exception]):
         self.reuse = reuse
         self.claimed = False
         self.error = error
+        self._one = _Saved()
+        self._local = threading.local() if reuse else None
 
     def __repr__(self) -> str:  # what fast.ir() prints for the attribute
         return "saved-logits"
 
+    def saved(self) -> _Saved:
+        """This run's saved state."""
+        if self._local is None:
+            return self._one
+        s = getattr(self._local, "saved", None)
+        if s is None:
+            s = self._local.saved = _Saved()
+        return s
+
     def take(self, rows: int, cols: int) -> np.ndarray:
         """A [rows, cols] f32 buffer for the logits."""
+        st = self.saved()
         count = rows * cols
-        buf = self.buffer
+        buf = st.buffer
         if buf is None or buf.size != count:
             buf = POOL.take(np.dtype(np.float32), count)
             if self.reuse:
-                self.buffer = buf
+                st.buffer = buf
         return buf.reshape(rows, cols)
 
     def keep(self, z: np.ndarray, save: bool) -> None:
         """Save ``z`` for the backward, or hand its buffer back."""
         if save:
-            self.logits = z
+            self.saved().logits = z
         elif not self.reuse:
             POOL.give(z.reshape(-1))
 
@@ -156,12 +180,13 @@ class SavedLogits:
 
     def consume(self) -> np.ndarray:
         """The saved logits, handed over to the backward."""
-        z = self.logits
+        st = self.saved()
+        z = st.logits
         if z is None:
             raise self.error("the saved logits were already consumed")
-        self.logits = None
+        st.logits = None
         if not self.reuse:
-            self.buffer = None
+            st.buffer = None
         return z
 
 
@@ -266,8 +291,9 @@ def _linear_distill(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) ->
     if attrs["reduction"] == "mean":
         total /= probs.size
     if attrs["save"]:
-        rec.lse = lse
-        rec.extra = (uniq, inv, classes, probs)
+        st = rec.saved()
+        st.lse = lse
+        st.extra = (uniq, inv, classes, probs)
     rec.keep(z, bool(attrs["save"]))
     return np.array([total * attrs["loss_scale"]], np.float32)
 
@@ -278,17 +304,19 @@ def _linear_distill_grad(attrs: dict[str, Any], ins: list[np.ndarray], out: DTyp
     """dx and dweight packed flat ([x rows * d] then [classes * d]; either may be absent)."""
     x, w, _, g = ins
     rec: SavedLogits = attrs["rec"]
+    st = rec.saved()
     z = rec.consume()
-    uniq, inv, classes, probs = rec.extra
-    assert rec.lse is not None  # saved with the logits
+    uniq, inv, classes, probs = st.extra
+    lse = st.lse
+    assert lse is not None  # saved with the logits
     coef = float(g.reshape(-1)[0]) * attrs["loss_scale"]
     if attrs["reduction"] == "mean":
         coef /= probs.size
     # d/dz_u = coef (softmax(z_u) * mass_u - sum_{i in u} probs_i onehot(class_i))
     mass = np.bincount(inv, weights=probs.astype(np.float64), minlength=uniq.size)
-    LK.scaled_softmax_inplace(z, rec.lse, (coef * mass).astype(np.float32))
+    LK.scaled_softmax_inplace(z, lse, (coef * mass).astype(np.float32))
     np.add.at(z, (inv, classes), (-coef * probs).astype(np.float32))
-    rec.lse = rec.extra = None
+    st.lse = st.extra = None
     parts = []
     if attrs["want_x"]:
         dx = np.zeros(x.shape, np.float32)
