@@ -283,7 +283,8 @@ class F32Constructors(Tensor):
         ctx = _ctx(ctx)
         start, end = real_arg(start, "start"), real_arg(end, "end")
         steps = count_arg(steps, "steps")
-        vals = np.linspace(start, end, steps, dtype=np.float64)
+        with np.errstate(all="ignore"):  # an infinite end gives inf/NaN steps, as in torch
+            vals = np.linspace(start, end, steps, dtype=np.float64)
         vals[-1] = end if steps > 1 else start
         return _leaf_f32(cls, ctx, vals)
 
