@@ -47,3 +47,53 @@ def test_linspace_to_infinity_emits_no_numpy_warnings(ctx):
         three = D.linspace(ctx, 0.0, float("inf"), 3).numpy()
     np.testing.assert_array_equal(one, np.float32([0.001]))
     np.testing.assert_array_equal(three, [np.nan, np.inf, np.inf])  # numpy's and torch's
+
+
+def test_a_dead_operand_is_deinitialized_before_a_context_mismatch(ctx):
+    # [in0.gather('a', in1, 'e')] with in0 on a closed context: eager said ContextMismatch,
+    # the compiled call Deinitialized (it checks its arguments first).
+    other = F.ExecContext()
+    x = F.Tensor("a").from_slice(other, (3,), [1.0, 2.0, 3.0])
+    idx = F.Tensor("e", dtype="i64").from_slice(ctx, (2,), [0, 2])
+    other.deinit()
+    with pytest.raises(F.Deinitialized):
+        x.gather("a", idx, "e")
+    with pytest.raises(F.Deinitialized):
+        F.compile(lambda x, i: x.gather("a", i, "e"))(x, idx)
+    live = F.Tensor("a").from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+    idx3 = F.Tensor("a", dtype="i64").from_slice(ctx, (3,), [0, 1, 2])
+    for use in (lambda: x.take_along_axis("a", idx3), lambda: x.concat("a", [live]),
+                lambda: x.scatter("a", idx3, live)):
+        with pytest.raises(F.Deinitialized):
+            use()
+
+
+def test_constants_made_while_tracing_keep_their_contexts():
+    # [variable_from_slice on ctx 0, out0.masked_fill(in0, 0.0)] traced with in0 on ctx 0,
+    # then called with in0 on ctx 1: the program ran, eager raises ContextMismatch.
+    a, b = F.ExecContext(), F.ExecContext()
+    D = F.Tensor("d")
+
+    def mixes(x):
+        return x.add(D.ones(a, (2,)))
+
+    def apart(x):
+        return x.scale(2.0), D.ones(a, (2,))
+
+    fast_mixes, fast_apart = F.compile(mixes), F.compile(apart)
+    xa = D.from_slice(a, (2,), [1.0, 2.0])
+    xb = D.from_slice(b, (2,), [1.0, 2.0])
+    np.testing.assert_array_equal(fast_mixes(xa).numpy(), [2.0, 3.0])
+    for fn in (mixes, fast_mixes):
+        with pytest.raises(F.ContextMismatch):
+            fn(xb)
+    np.testing.assert_array_equal(fast_mixes(xa).numpy(), [2.0, 3.0])
+    # a constant that never meets the argument is fine on any context, as in eager
+    doubled, ones = fast_apart(xb)
+    np.testing.assert_array_equal(doubled.numpy(), [2.0, 4.0])
+    np.testing.assert_array_equal(ones.numpy(), [1.0, 1.0])
+    # a closed context refuses its constructors, compiled or not
+    a.deinit()
+    for fn in (apart, fast_apart):
+        with pytest.raises(F.Deinitialized):
+            fn(xb)
