@@ -114,6 +114,7 @@ def _same_outcome(calls: list[Call], ins: list, fast: object, ctxs: list, what: 
     e_status, e_res = outcome(lambda: replay(calls, ins, ctxs))
     c_status, c_res = outcome(lambda: fast(*ins))  # type: ignore[operator]
     ops = any(operator_call(c) for c in calls)
+    what = f"{what} {calls}"
     if e_status == "err":
         check_documented(e_res, f"{what} eager", ops)
     if c_status == "err":

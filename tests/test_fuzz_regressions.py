@@ -97,3 +97,35 @@ def test_constants_made_while_tracing_keep_their_contexts():
     for fn in (apart, fast_apart):
         with pytest.raises(F.Deinitialized):
             fn(xb)
+
+
+def test_detach_inside_compile_keeps_what_it_views(ctx):
+    # [op:-(in0, in1), out0.detach()]: the detached result was a leaf the program never
+    # computed ("'NoneType' object has no attribute 'nbytes'" at run time).
+    D = F.Tensor("d")
+    a = D.from_slice(ctx, (3,), [1.0, -2.0, 3.0])
+    b = D.from_slice(ctx, (3,), [0.5, 0.5, 0.5])
+    fast = F.compile(lambda a, b: (a - b, (a - b).detach()))
+    diff, detached = fast(a, b)
+    np.testing.assert_array_equal(detached.numpy(), [0.5, -2.5, 2.5])
+    np.testing.assert_array_equal(diff.numpy(), detached.numpy())
+    # it still cuts the gradient, as eagerly
+    w = D.variable_from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+
+    def loss(w):
+        return w.detach().mul(w).sum_all()
+
+    loss(w).backward()
+    eager_grad = w.grad().numpy()
+    w.zero_grad()
+    out = F.compile(loss)(w)
+    assert out.requires_grad
+    out.backward()
+    np.testing.assert_array_equal(w.grad().numpy(), eager_grad)
+    np.testing.assert_array_equal(eager_grad, [1.0, 2.0, 3.0])
+    # a detached captured tensor is read at call time, like the tensor itself
+    box = {"t": D.from_slice(ctx, (3,), [1.0, 1.0, 1.0])}
+    read = F.compile(lambda x: x.add(box["t"].detach()))
+    np.testing.assert_array_equal(read(a).numpy(), [2.0, -1.0, 4.0])
+    box["t"] = D.from_slice(ctx, (3,), [10.0, 10.0, 10.0])
+    np.testing.assert_array_equal(read(a).numpy(), [11.0, 8.0, 13.0])
