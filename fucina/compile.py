@@ -144,6 +144,8 @@ class _Tracer:
         # its id is not reused by a later temporary (a broadcast view made for one op).
         self._lifted: dict[int, tuple[Node, Node]] = {}
         self.read_slots: set[int] = set()
+        # Contexts constructors used while tracing (constants made inside the function).
+        self.contexts: list[ExecContext] = []
         # In-place updates and gradient reads inside the trace (optimizer steps).
         self.arg_nodes: set[int] = set()            # nodes of the tensor arguments
         self._version: dict[int, tuple[Node, Node]] = {}  # id(input) -> (input, value now)
@@ -262,6 +264,11 @@ class _Tracer:
         """Run ``fn`` before the program at every call (host-side optimizer bookkeeping)."""
         self.prologues.append(fn)
 
+    def context(self, ctx: ExecContext) -> None:
+        """A constructor made a tensor on ``ctx`` while tracing."""
+        if not any(c is ctx for c in self.contexts):
+            self.contexts.append(ctx)
+
     def read(self, raw: RawTensor) -> None:
         """Host code read data while tracing: a captured tensor's values now shape the trace."""
         self.read_slots.update(self.caps.slots_of_storage(raw.storage))
@@ -295,6 +302,9 @@ class _Entry:
         self.slot_values = {k: _values(self.caps.slots[k]) for k in sorted(tracer.read_slots)}
         # Context classes over arguments then the captures the program reads.
         self.slot_ctx_class: list[tuple[int, int]] = []  # (slot, class)
+        # Contexts of constants made while tracing, each with the argument or captured
+        # tensor that shared it then (None: neither did); a call must see the same.
+        self.made_ctx: list[tuple[ExecContext, tuple[str, int] | None]] = []
         self.one_ctx = False  # arguments and used captures all on one context
         self._vjp: dict[int, tuple[Program, list[int | None], list[Node]]] = {}
         self._lock = threading.Lock()
@@ -309,7 +319,7 @@ class _Entry:
         """The captured tensors for this call, or None when the trace no longer applies."""
         caps = self.caps
         if not caps.slots and not caps.guards:
-            return []
+            return [] if not self.made_ctx or self._made_ctx_hold(args, []) else None
         found = caps.resolve(fn, tuple(args.statics))
         if found is None:
             return None
@@ -342,7 +352,27 @@ class _Entry:
                 for slot, cls in scc:
                     if ctx_of.setdefault(id(found[slot]._ctx), -1 - slot) != cls:
                         return None
+        if self.made_ctx and not self._made_ctx_hold(args, found):
+            return None
         return found
+
+    def _made_ctx_hold(self, args: _Args, found: list[Any]) -> bool:
+        """Constants made while tracing meet the arguments and captures on the contexts
+        they met then (else the facade's context checks must run again: a retrace), and
+        their contexts are still open (else the constructors must raise again)."""
+        for ctx, peer in self.made_ctx:
+            if ctx.closed:
+                return False
+            if peer is None:
+                if any(t._ctx is ctx for t in args.tensors) or any(
+                        t._ctx is ctx for t in found):
+                    return False
+            elif peer[0] == "arg":
+                if args.tensors[peer[1]]._ctx is not ctx:
+                    return False
+            elif found[peer[1]]._ctx is not ctx:
+                return False
+        return True
 
     # -- running ---------------------------------------------------------------------
 
@@ -554,6 +584,12 @@ class Compiled:
                 entry.slot_ctx_class.append((v, c))
         entry.one_ctx = all(c == 0 for c in a.ctx_class) and all(
             c == 0 for _, c in entry.slot_ctx_class)
+        peers: dict[int, tuple[str, int]] = {}
+        for k, t in enumerate(a.tensors):
+            peers.setdefault(id(t._ctx), ("arg", k))
+        for v, t in enumerate(tracer.caps.slots):
+            peers.setdefault(id(t._ctx), ("slot", v))
+        entry.made_ctx = [(c, peers.get(id(c))) for c in tracer.contexts]
         return entry
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]

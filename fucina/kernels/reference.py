@@ -345,14 +345,16 @@ def run(op: str, attrs: dict[str, Any], ins: list[np.ndarray], in_dtypes: list[D
     result in place instead of allocating; ``decided`` is a GEMM plan made at
     trace time.
     """
-    if buf is not None and op == "contract" and out in (DType.f32, DType.f64) \
-            and all(dt is out for dt in in_dtypes):
-        la, lb, lo = attrs["labels"]
-        return gemm.contract(ins[0], ins[1], tuple(la), tuple(lb), tuple(lo), out.storage,
-                             out=buf, decided=decided)
-    if op in _BF16_MATH:
-        ins = [bf16_to_f32(a) if dt is DType.bf16 else a for a, dt in zip(ins, in_dtypes)]
-    res = KERNELS[op](attrs, ins, out)
-    if out is DType.bf16 and op in _BF16_MATH:
-        return f32_to_bf16(np.asarray(res, dtype=np.float32))
-    return np.asarray(res, dtype=out.storage)
+    # inf and NaN are defined inputs: IEEE results, never numpy floating-point warnings
+    with np.errstate(all="ignore"):
+        if buf is not None and op == "contract" and out in (DType.f32, DType.f64) \
+                and all(dt is out for dt in in_dtypes):
+            la, lb, lo = attrs["labels"]
+            return gemm.contract(ins[0], ins[1], tuple(la), tuple(lb), tuple(lo), out.storage,
+                                 out=buf, decided=decided)
+        if op in _BF16_MATH:
+            ins = [bf16_to_f32(a) if dt is DType.bf16 else a for a, dt in zip(ins, in_dtypes)]
+        res = KERNELS[op](attrs, ins, out)
+        if out is DType.bf16 and op in _BF16_MATH:
+            return f32_to_bf16(np.asarray(res, dtype=np.float32))
+        return np.asarray(res, dtype=out.storage)

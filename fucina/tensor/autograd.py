@@ -13,10 +13,11 @@ from ..errors import (
     TagError,
 )
 from ..ir import autodiff
-from ..ir.execute import emit
+from ..ir.execute import current_tracer, emit
 from ..ir.graph import Node, leaf
+from ..runtime.gradmode import no_grad
 from ..runtime.raw import RawTensor
-from .base import Tensor, check_tensor, new, result, same_ctx, tensor_type
+from .base import Tensor, check_tensor, identity_view, new, result, same_ctx, tensor_type
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -74,7 +75,15 @@ class Detach(Tensor):
 
     def detach(self) -> Self:
         """A no-grad tensor sharing storage with self."""
-        raw = self._node.value
+        node = self._node
+        if current_tracer() is not None:
+            # Inside fucina.compile: a no-grad view node, so the program still computes (or
+            # reads at call time) what it views; a detached leaf would cut it off.
+            with no_grad():
+                view_node = identity_view(self)
+            view_node.tags = self.axis_tags
+            return new(type(self), view_node, self._ctx, op_result=False)
+        raw = node.value
         view = raw.view(raw.shape, raw.strides, raw.offset)
         return new(type(self), leaf(view, self.axis_tags, False), self._ctx, op_result=False)
 

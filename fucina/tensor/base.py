@@ -437,6 +437,10 @@ def same_ctx(self: Tensor, *others: Tensor) -> None:
     """Operands of one op must share a context."""
     for o in others:
         if o._ctx is not self._ctx:
+            # A dead operand (deinit'ed, or its context closed) is Deinitialized first, as
+            # a compiled call reports it before any context is compared.
+            self._node  # noqa: B018
+            o._node  # noqa: B018
             raise ContextMismatch("operands belong to different ExecContexts")
 
 

@@ -12,6 +12,7 @@ from .. import rng
 from ..argnames import explain
 from ..dtypes import DType
 from ..errors import InvalidDataLength, InvalidShape, ShapeMismatch, TagError
+from ..ir.execute import current_tracer
 from ..ir.graph import leaf
 from ..runtime.context import ExecContext
 from ..runtime.raw import MAX_ELEMENTS, RawTensor, check_shape
@@ -29,6 +30,11 @@ def _ctx(ctx: Any) -> ExecContext:
     if not isinstance(ctx, ExecContext):
         raise TypeError(explain(ctx, "an ExecContext (constructors take the context first)"))
     ctx.check_open()
+    tracer = current_tracer()
+    if tracer is not None:  # a constant made inside fucina.compile: its context is guarded
+        note = getattr(tracer, "context", None)
+        if note is not None:
+            note(ctx)
     return ctx
 
 
@@ -283,7 +289,8 @@ class F32Constructors(Tensor):
         ctx = _ctx(ctx)
         start, end = real_arg(start, "start"), real_arg(end, "end")
         steps = count_arg(steps, "steps")
-        vals = np.linspace(start, end, steps, dtype=np.float64)
+        with np.errstate(all="ignore"):  # an infinite end gives inf/NaN steps, as in torch
+            vals = np.linspace(start, end, steps, dtype=np.float64)
         vals[-1] = end if steps > 1 else start
         return _leaf_f32(cls, ctx, vals)
 

@@ -85,6 +85,9 @@ def _check_grad(self: Any, other: Any) -> None:
             f"{self.dtype.value} contractions are forward-only; cast with to('f32')")
 
 
+_EINSUM_DTYPES = (DType.f32, DType.f16, DType.bf16)
+
+
 def einsum_many(out_tags: Any, operands: Sequence[Any]) -> Any:
     """N-ary einsum over named axes: contract left to right into ``out_tags``."""
     ops = tensor_list(operands, "einsum operands")
@@ -92,6 +95,10 @@ def einsum_many(out_tags: Any, operands: Sequence[Any]) -> Any:
         raise TagError("einsum_many needs at least one operand")
     first = ops[0]
     same_ctx(first, *ops[1:])
+    for x in ops:
+        if x.dtype not in _EINSUM_DTYPES:
+            raise TagError(f"einsum_many takes f32, f16 or bf16 operands (the branches with "
+                           f"einsum), got a {x.dtype.value} tensor {type(x)!r}")
     out = T.einsum_many_validate([x.axis_tags for x in ops], T.normalize_tags(out_tags))
     sizes: dict[str, int] = {}
     for x in ops:

@@ -1,0 +1,131 @@
+"""Regression tests for the bugs the API fuzz suite (test_fuzz_api.py) found.
+
+Each test names the program the fuzzer reduced the failure to.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import fucina as F
+
+
+def test_einsum_many_takes_the_einsum_dtypes_only(ctx):
+    # einsum_many(('c', 'a'), [i64, i64, i64]) ran an integer contraction through the float
+    # GEMM and cast NaN/overflowed floats back to integers (garbage, plus a numpy warning).
+    I = F.Tensor("a", "c", dtype="i64")
+    x = I.from_slice(ctx, (2, 2), [1, 2, 3, 4])
+    with pytest.raises(F.TagError, match="einsum_many takes f32, f16 or bf16 operands.*i64"):
+        F.einsum_many(("c",), [x, x])
+    y = F.Tensor("a", "c", dtype="f64").from_slice(ctx, (2, 2), [1, 2, 3, 4])
+    with pytest.raises(F.TagError, match="f64"):
+        F.einsum_many(("c",), [y])
+    a = F.Tensor("a", "c").from_slice(ctx, (2, 2), [1, 2, 3, 4])
+    h = F.Tensor("c", dtype="f16").from_slice(ctx, (2,), [1, 10])
+    np.testing.assert_array_equal(F.einsum_many(("a",), [a, h]).numpy(), [21, 43])
+
+
+def test_contractions_with_inf_and_nan_emit_no_numpy_warnings(ctx):
+    # x.dot(w, 'e') with inf in x and 0 in w: "invalid value encountered in matmul"
+    x = F.Tensor("r", "e").from_slice(ctx, (2, 2), [np.inf, 1.0, 3e38, 3e38])
+    w = F.Tensor("e", "c").from_slice(ctx, (2, 1), [0.0, 2.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = x.dot(w, "e").numpy()
+    assert np.isnan(out[0, 0]) and out[1, 0] == np.inf  # inf * 0 and an f32 overflow
+
+
+def test_linspace_to_infinity_emits_no_numpy_warnings(ctx):
+    # linspace(0.001, inf, ...) warned "invalid value encountered in multiply"
+    D = F.Tensor("d")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one = D.linspace(ctx, 0.001, float("inf"), 1).numpy()
+        three = D.linspace(ctx, 0.0, float("inf"), 3).numpy()
+    np.testing.assert_array_equal(one, np.float32([0.001]))
+    np.testing.assert_array_equal(three, [np.nan, np.inf, np.inf])  # numpy's and torch's
+
+
+def test_a_dead_operand_is_deinitialized_before_a_context_mismatch(ctx):
+    # [in0.gather('a', in1, 'e')] with in0 on a closed context: eager said ContextMismatch,
+    # the compiled call Deinitialized (it checks its arguments first).
+    other = F.ExecContext()
+    x = F.Tensor("a").from_slice(other, (3,), [1.0, 2.0, 3.0])
+    idx = F.Tensor("e", dtype="i64").from_slice(ctx, (2,), [0, 2])
+    other.deinit()
+    with pytest.raises(F.Deinitialized):
+        x.gather("a", idx, "e")
+    with pytest.raises(F.Deinitialized):
+        F.compile(lambda x, i: x.gather("a", i, "e"))(x, idx)
+    live = F.Tensor("a").from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+    idx3 = F.Tensor("a", dtype="i64").from_slice(ctx, (3,), [0, 1, 2])
+    for use in (lambda: x.take_along_axis("a", idx3), lambda: x.concat("a", [live]),
+                lambda: x.scatter("a", idx3, live)):
+        with pytest.raises(F.Deinitialized):
+            use()
+
+
+def test_constants_made_while_tracing_keep_their_contexts():
+    # [variable_from_slice on ctx 0, out0.masked_fill(in0, 0.0)] traced with in0 on ctx 0,
+    # then called with in0 on ctx 1: the program ran, eager raises ContextMismatch.
+    a, b = F.ExecContext(), F.ExecContext()
+    D = F.Tensor("d")
+
+    def mixes(x):
+        return x.add(D.ones(a, (2,)))
+
+    def apart(x):
+        return x.scale(2.0), D.ones(a, (2,))
+
+    fast_mixes, fast_apart = F.compile(mixes), F.compile(apart)
+    xa = D.from_slice(a, (2,), [1.0, 2.0])
+    xb = D.from_slice(b, (2,), [1.0, 2.0])
+    np.testing.assert_array_equal(fast_mixes(xa).numpy(), [2.0, 3.0])
+    for fn in (mixes, fast_mixes):
+        with pytest.raises(F.ContextMismatch):
+            fn(xb)
+    np.testing.assert_array_equal(fast_mixes(xa).numpy(), [2.0, 3.0])
+    # a constant that never meets the argument is fine on any context, as in eager
+    doubled, ones = fast_apart(xb)
+    np.testing.assert_array_equal(doubled.numpy(), [2.0, 4.0])
+    np.testing.assert_array_equal(ones.numpy(), [1.0, 1.0])
+    # a closed context refuses its constructors, compiled or not
+    a.deinit()
+    for fn in (apart, fast_apart):
+        with pytest.raises(F.Deinitialized):
+            fn(xb)
+
+
+def test_detach_inside_compile_keeps_what_it_views(ctx):
+    # [op:-(in0, in1), out0.detach()]: the detached result was a leaf the program never
+    # computed ("'NoneType' object has no attribute 'nbytes'" at run time).
+    D = F.Tensor("d")
+    a = D.from_slice(ctx, (3,), [1.0, -2.0, 3.0])
+    b = D.from_slice(ctx, (3,), [0.5, 0.5, 0.5])
+    fast = F.compile(lambda a, b: (a - b, (a - b).detach()))
+    diff, detached = fast(a, b)
+    np.testing.assert_array_equal(detached.numpy(), [0.5, -2.5, 2.5])
+    np.testing.assert_array_equal(diff.numpy(), detached.numpy())
+    # it still cuts the gradient, as eagerly
+    w = D.variable_from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+
+    def loss(w):
+        return w.detach().mul(w).sum_all()
+
+    loss(w).backward()
+    eager_grad = w.grad().numpy()
+    w.zero_grad()
+    out = F.compile(loss)(w)
+    assert out.requires_grad
+    out.backward()
+    np.testing.assert_array_equal(w.grad().numpy(), eager_grad)
+    np.testing.assert_array_equal(eager_grad, [1.0, 2.0, 3.0])
+    # a detached captured tensor is read at call time, like the tensor itself
+    box = {"t": D.from_slice(ctx, (3,), [1.0, 1.0, 1.0])}
+    read = F.compile(lambda x: x.add(box["t"].detach()))
+    np.testing.assert_array_equal(read(a).numpy(), [2.0, -1.0, 4.0])
+    box["t"] = D.from_slice(ctx, (3,), [10.0, 10.0, 10.0])
+    np.testing.assert_array_equal(read(a).numpy(), [11.0, 8.0, 13.0])
