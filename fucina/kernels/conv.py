@@ -447,12 +447,15 @@ def winograd_tile(hw_out: tuple[int, int]) -> int:
 
 def winograd_weights(w: np.ndarray, m: int) -> np.ndarray:
     """U = G g G^T per (in, out) channel pair: planes ``[n*n, Cin, Cout]`` (f64 math)."""
-    w = np.asarray(w, dtype=np.float64)
+    w = np.asarray(w)
     co, kh, kw, ci = w.shape
     _expect(w, (co, 3, 3, ci), "winograd weights")
     g = WINOGRAD[m][1]
-    u = np.einsum("ik,klco,jl->ijco", g, w.transpose(1, 2, 3, 0), g, optimize=True)
-    return np.ascontiguousarray(u.reshape(-1, ci, co), dtype=np.float32)
+    n = g.shape[0]
+    taps = np.ascontiguousarray(w.transpose(1, 2, 3, 0), dtype=np.float64)  # [ky, kx, ci, co]
+    rows = (g @ taps.reshape(3, -1)).reshape(n, 3, ci * co)  # G along ky
+    u = np.matmul(g, rows)  # G along kx: [n, n, ci*co]
+    return u.reshape(n * n, ci, co).astype(np.float32)
 
 
 def _conv_winograd(x: np.ndarray, u: np.ndarray, m: int, bias: np.ndarray | None,
