@@ -1,8 +1,10 @@
 """Train a small MLP on two interleaved spirals with named axes and a compiled step.
 
-Run with ``python examples/train_mlp.py``. The training step (forward, loss,
-backward) is one ``fucina.compile``d program; the SGD update runs eagerly
-under ``no_grad`` on the variables' storage.
+Run with ``python examples/train_mlp.py``. The whole training step
+(``zero_grad``, forward, loss, backward, ``fucina.optim.SGD.step``) is one
+``fucina.compile``d program that updates the variables in place.
+(``examples/spirals.py`` is the fuller version: minibatches, Adam, a
+schedule and a plot.)
 """
 
 from __future__ import annotations
@@ -52,30 +54,29 @@ def forward(m: Model, x: Batch) -> F.Tensor("batch", "class"):
 
 
 def train(steps: int = 2000, n: int = 512, lr: float = 0.5, verbose: bool = True) -> list[float]:
-    """Full-batch gradient descent; returns the loss after every step."""
+    """Full-batch gradient descent (fucina.optim.SGD); returns the loss after every step."""
     ctx = F.ExecContext()
     pts, labels = spirals(n)
     x = Batch.from_slice(ctx, pts.shape, pts)
     y = F.Tensor("batch", "class").from_slice(ctx, labels.shape, labels)
     m = Model(ctx)
 
+    opt = F.optim.SGD(m.params(), lr=lr)
+
     def step(x: Batch, y: F.Tensor("batch", "class")) -> F.Tensor():
+        opt.zero_grad()
         logits = forward(m, x)
         # Cross-entropy through logsumexp over the named class axis.
         nll = logits.logsumexp("class").sub(logits.mul(y).sum("class"))
         loss = nll.mean("batch")
         loss.backward()
+        opt.step()
         return loss
 
     fast = F.compile(step)
     losses = []
     for k in range(steps):
-        for p in m.params():
-            p.zero_grad()
         losses.append(fast(x, y).item())
-        with F.no_grad():
-            for p in m.params():
-                p.as_raw_tensor().array()[...] -= lr * p.grad().numpy()
         if verbose and (k % 250 == 0 or k == steps - 1):
             print(f"step {k:4d}  loss {losses[-1]:.4f}")
     with F.no_grad():

@@ -9,35 +9,66 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import internal, rng
+from . import internal, optim, rng
+from .autograd_tools import (
+    GradcheckResult,
+    checkpoint,
+    checkpoint_with_context,
+    custom_vjp,
+    gradcheck,
+)
 from .blocks import *  # noqa: F403 - GGML block dtypes and block-size constants
 from .blocks import BLOCK_DTYPES, BLOCK_SIZES
-from .compile import Compiled, compile  # noqa: A004 - fucina.compile is the public name
+from .compile import Compiled, compile
 from .dtypes import DType
 from .errors import (
+    ActiveExecScopeUnsupported,
+    CheckpointMissingInputGradient,
+    CheckpointOutputNotDifferentiable,
     ContextMismatch,
     Deinitialized,
     DivisionByZero,
     EmptySelection,
+    EncoderUnavailable,
     GradientCastUnsupported,
+    GradientPackedMatmulUnsupported,
     GradientPreparedConv2dUnsupported,
+    GradientQuantizedMatmulUnsupported,
     IndexOutOfBounds,
     InvalidDataLength,
+    InvalidGradcheckOptions,
+    InvalidMagic,
     InvalidShape,
+    InvalidTensorInfo,
+    LinearCrossEntropyBackwardConsumed,
+    LinearDistillBackwardConsumed,
+    MissingAnalyticalGradient,
+    MissingBackwardGradient,
     MissingOutputGradient,
+    ModelFileError,
     MutableDataRequiresNoGrad,
+    NestedCheckpointRecompute,
     NoGradientGraph,
+    NonFiniteValue,
+    NoVariableInputs,
     ShapeMismatch,
     TagError,
     TensorError,
+    TensorNotFound,
+    TernaryContractDimNotBlockAligned,
+    TruncatedFile,
+    UnsupportedDType,
     UnsupportedGradient,
+    UnsupportedVersion,
     UnsupportedView,
 )
 from .kernels.cache import CacheInfo, cache_info
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
+from .runtime.rope import AxisRange, RopeTable, RopeTheta
 from .tensor import SliceRange, Tensor, einsum_many
 from .tensor.conv import PreparedConvWeights
+from .tensor.selection import RouterTopKResult, TopKResult
 
 __version__ = "0.1.0"
 
@@ -48,6 +79,10 @@ del _dt
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("gguf", "safetensors"):  # model-file modules load on first use
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     if name == "RawTensor":
         raise AttributeError(
             "fucina.RawTensor is not public: the raw tensor lives at fucina.internal.RawTensor")
@@ -55,7 +90,22 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ActiveExecScopeUnsupported",
+    "AxisRange",
     "BLOCK_DTYPES",
+    "CheckpointMissingInputGradient",
+    "CheckpointOutputNotDifferentiable",
+    "GradcheckResult",
+    "InvalidGradcheckOptions",
+    "MissingAnalyticalGradient",
+    "MissingBackwardGradient",
+    "NestedCheckpointRecompute",
+    "NoVariableInputs",
+    "checkpoint",
+    "checkpoint_with_context",
+    "custom_vjp",
+    "gradcheck",
+    "optim",
     "CacheInfo",
     "Compiled",
     "compile",
@@ -66,6 +116,18 @@ __all__ = [
     "Deinitialized",
     "DivisionByZero",
     "EmptySelection",
+    "EncoderUnavailable",
+    "GradientPackedMatmulUnsupported",
+    "GradientQuantizedMatmulUnsupported",
+    "InvalidMagic",
+    "InvalidTensorInfo",
+    "ModelFileError",
+    "NonFiniteValue",
+    "TensorNotFound",
+    "TernaryContractDimNotBlockAligned",
+    "TruncatedFile",
+    "UnsupportedDType",
+    "UnsupportedVersion",
     "ExecContext",
     "GradientCastUnsupported",
     "GradientPreparedConv2dUnsupported",
@@ -73,14 +135,20 @@ __all__ = [
     "IndexOutOfBounds",
     "InvalidDataLength",
     "InvalidShape",
+    "LinearCrossEntropyBackwardConsumed",
+    "LinearDistillBackwardConsumed",
     "MissingOutputGradient",
     "MutableDataRequiresNoGrad",
     "NoGradientGraph",
+    "RopeTable",
+    "RopeTheta",
     "ShapeMismatch",
+    "RouterTopKResult",
     "SliceRange",
     "TagError",
     "Tensor",
     "TensorError",
+    "TopKResult",
     "UnsupportedGradient",
     "UnsupportedView",
     "einsum_many",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from types import FrameType
+from typing import Any
 
 _PACKAGE = __name__.split(".")[0]
 
@@ -32,7 +33,23 @@ def _fucina_frames() -> list[FrameType]:
     return frames
 
 
-def _parameter_of(frame: FrameType, value: object) -> str | None:
+def _annotations(frame: FrameType) -> dict[str, Any]:
+    """The annotations of the function running in ``frame`` (empty when not found)."""
+    code = frame.f_code
+    local = frame.f_locals
+    owner = local.get("self", local.get("cls"))
+    fn: Any = None
+    if owner is not None:
+        fn = getattr(owner if isinstance(owner, type) else type(owner), code.co_name, None)
+    if fn is None:
+        fn = frame.f_globals.get(code.co_name)
+    fn = getattr(fn, "__func__", fn)
+    if getattr(fn, "__code__", None) is not code:
+        return {}
+    return dict(getattr(fn, "__annotations__", {}))
+
+
+def _parameter_of(frame: FrameType, value: object, kind: str) -> str | None:
     code = frame.f_code
     n = code.co_argcount + code.co_kwonlyargcount
     names = list(code.co_varnames[:n])
@@ -43,17 +60,24 @@ def _parameter_of(frame: FrameType, value: object) -> str | None:
     if flags & 0x08:  # **kwargs
         names.append(code.co_varnames[n])
     local = frame.f_locals
+    found: list[tuple[str, str]] = []
     for name in names:
         if name in ("self", "cls"):
             continue
         v = local.get(name)
         if v is value:
-            return repr(name)
-        if isinstance(v, (tuple, list)) and any(x is value for x in v):
-            return f"{name!r} (an element)"
-        if isinstance(v, dict) and any(x is value for x in v.values()):
-            return f"{name!r} (a keyword)"
-    return None
+            found.append((name, repr(name)))
+        elif isinstance(v, (tuple, list)) and any(x is value for x in v):
+            found.append((name, f"{name!r} (an element)"))
+        elif isinstance(v, dict) and any(x is value for x in v.values()):
+            found.append((name, f"{name!r} (a keyword)"))
+    if len(found) > 1 and kind:
+        # One object passed twice (``x.dot(x, x)``): blame the parameter whose annotation
+        # asks for the other kind of value.
+        ann = _annotations(frame)
+        fitting = [f for f in found if kind in str(ann.get(f[0], ""))]
+        found = fitting or found
+    return found[0][1] if found else None
 
 
 def describe(value: object) -> str:
@@ -67,6 +91,23 @@ def describe(value: object) -> str:
     return f"{cls.__name__} {text}"
 
 
+def caller_name() -> str | None:
+    """Name of the outermost package function on the stack (the call the user made)."""
+    frames = _fucina_frames()
+    return frames[-1].f_code.co_name if frames else None
+
+
+def bad_argument(name: str, value: object, expected: str) -> str:
+    """``"<fn>(): argument '<name>' expects <expected>, got <what value is>"``.
+
+    For validators that know the parameter's name (sizes, counts, numbers): no
+    search by identity, so two parameters holding one small int are never confused.
+    """
+    fn = caller_name()
+    where = f"{fn}(): " if fn else ""
+    return f"{where}argument {name!r} expects {expected}, got {describe(value)}"
+
+
 def explain(value: object, expected: str) -> str:
     """``"<fn>(): argument '<name>' expects <expected>, got <what value is>"``.
 
@@ -75,8 +116,9 @@ def explain(value: object, expected: str) -> str:
     parameter holds the value, the message names what was expected only.
     """
     got = describe(value)
+    kind = "str" if "tag" in expected else "Tensor" if "tensor" in expected else ""
     for frame in reversed(_fucina_frames()):
-        name = _parameter_of(frame, value)
+        name = _parameter_of(frame, value, kind)
         if name is not None:
             return f"{frame.f_code.co_name}(): argument {name} expects {expected}, got {got}"
     return f"expected {expected}, got {got}"

@@ -1,10 +1,15 @@
 """The benchmark harness: ``python -m fucina.bench`` (``--json`` for machines).
 
 Runs a standard suite side by side in one process (fucina eager, fucina
-compiled, numpy and, when importable, torch eager) and prints each case's
-best time and the ratios against fucina compiled. Times are the minimum over
-repeats of the mean over a batch of calls; the machine is shared and noisy,
-so compare ratios from one run rather than absolute times across runs.
+compiled, numpy and, when importable, torch eager) and prints a header (CPU,
+ISA, threading layer, BLAS core, versions), each case's best time with the
+min/median/max over repeats, and the ratios against fucina compiled. Progress
+goes to stderr as cases run. Every run is saved as JSON (by default under
+``bench-results/<timestamp>.json``; ``--out`` picks the file) with, when
+matplotlib is installed (the ``plot`` extra), a PNG of the ratios beside it;
+``--compare A B`` compares two saved runs. Times are the minimum over repeats
+of the mean over a batch of calls; the machine may be shared and noisy, so
+compare ratios from one run rather than absolute times across runs.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,6 +26,7 @@ import time
 import timeit
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +37,13 @@ try:  # torch is an optional comparison point
     import torch
 except ImportError:  # pragma: no cover - depends on the machine
     torch = None  # type: ignore[assignment]
+
+
+IMPLS = ("eager", "compiled", "numpy", "torch")
+#: Where runs are saved unless ``--out`` says otherwise (kept out of git).
+RESULTS_DIR = Path("bench-results")
+#: Progress lines go to stderr while this is set (the command line sets it).
+PROGRESS: list[bool] = [False]
 
 
 @dataclass
@@ -43,9 +57,41 @@ class Case:
     torch: float | None = None
     notes: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Every row names its Case before timing it: the natural progress point.
+        if PROGRESS[0]:
+            print(f"[bench] {time.strftime('%H:%M:%S')} {self.name} ...", file=sys.stderr,
+                  flush=True)
 
-def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) -> float:
-    """Minimum over ``repeats`` of the mean time per call (seconds)."""
+    def spread(self) -> dict[str, dict[str, float]]:
+        """min/median/max seconds per call for each implementation timed by best_time."""
+        return {k: {"min": float(v), "median": v.median, "max": v.max}
+                for k in IMPLS if isinstance(v := getattr(self, k), Timing)}
+
+
+class Timing(float):
+    """Seconds per call (the minimum over repeats) that also carries the median and max."""
+
+    median: float
+    max: float
+
+    def __new__(cls, samples: list[float]) -> Timing:
+        t = super().__new__(cls, min(samples))
+        t.median = statistics.median(samples)
+        t.max = max(samples)
+        return t
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copies (dataclasses.asdict) keep the spread
+        return (_timing, (float(self), self.median, self.max))
+
+
+def _timing(lo: float, med: float, hi: float) -> Timing:
+    return Timing([lo, med, hi])
+
+
+def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) -> Timing:
+    """Minimum over ``repeats`` of the mean time per call (seconds), with the median
+    and maximum of the repeats attached (:class:`Timing`)."""
     fn()
     t = timeit.Timer(fn)
     n, elapsed = 1, 0.0
@@ -54,7 +100,7 @@ def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) ->
         if elapsed >= min_time / repeats or n >= 1 << 20:
             break
         n *= 2 if elapsed == 0 else max(2, int(min_time / repeats / max(elapsed, 1e-9)))
-    return min(t.repeat(repeats, n)) / n
+    return Timing([r / n for r in t.repeat(repeats, n)])
 
 
 def _chain_case(n: int, quick: bool) -> Case:
@@ -205,6 +251,39 @@ def _linear_gelu_case(quick: bool) -> Case:
     return c
 
 
+def _norm_case(kind: str, rows: int, cols: int, quick: bool) -> Case:
+    """layer_norm / rms_norm over the last axis: one compiled row kernel vs torch eager."""
+    ctx = F.ExecContext()
+    x = F.Tensor("t", "d").randn(ctx, (rows, cols), 11)
+    eps = 1e-5
+
+    def norm(x: Any) -> Any:
+        return x.layer_norm("d", eps) if kind == "layer_norm" else x.rms_norm("d", eps)
+
+    fast = F.compile(norm)
+    c = Case(f"{kind} [{rows},{cols}] f32")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: norm(x), mt)
+    c.compiled = best_time(lambda: fast(x), mt)
+    x0 = x.numpy()
+
+    def np_norm() -> np.ndarray:
+        if kind == "layer_norm":
+            d = x0 - x0.mean(axis=1, keepdims=True)
+            return d / np.sqrt((d * d).mean(axis=1, keepdims=True) + np.float32(eps))
+        return x0 / np.sqrt((x0 * x0).mean(axis=1, keepdims=True) + np.float32(eps))
+
+    c.numpy = best_time(np_norm, mt)
+    if torch is not None:
+        tx = torch.from_numpy(x0)
+        tnorm = torch.nn.functional.layer_norm if kind == "layer_norm" else \
+            torch.nn.functional.rms_norm
+        c.torch = best_time(lambda: tnorm(tx, (cols,), eps=eps), mt)
+    c.notes["kernels"] = len(fast.kernels(x))
+    c.notes["max_abs_err_vs_numpy"] = float(np.max(np.abs(fast(x).numpy() - np_norm())))
+    return c
+
+
 def _conv2d_case(quick: bool) -> Case:
     """conv2d 3x3 64->64, channel-last by tags, vs torch in its faster layout."""
     ctx = F.ExecContext()
@@ -237,6 +316,52 @@ def _conv2d_case(quick: bool) -> Case:
     return c
 
 
+def _cross_entropy_case(quick: bool) -> Case:
+    """cross_entropy forward + backward over a vocabulary-sized class axis."""
+    rows, classes = (512, 4000) if quick else (4096, 32000)
+    rng = np.random.default_rng(11)
+    x0 = rng.standard_normal((rows, classes), dtype=np.float32)
+    lab0 = rng.integers(0, classes, rows)
+    ctx = F.ExecContext()
+    x = F.Tensor("t", "vocab").variable_from_slice(ctx, (rows, classes), x0)
+    lab = F.Tensor("t", dtype="i64").from_slice(ctx, (rows,), lab0)
+
+    def step(x: Any, lab: Any) -> Any:
+        loss = x.cross_entropy("vocab", lab)
+        loss.backward()
+        return loss
+
+    fast = F.compile(step)
+
+    def run(fn: Callable[[Any, Any], Any]) -> Any:
+        x.zero_grad()  # every call produces a fresh gradient, as torch's below
+        return fn(x, lab)
+
+    c = Case(f"cross_entropy fwd+bwd [{rows},{classes}]")
+    mt = 0.3 if quick else 2.0
+    c.eager = best_time(lambda: run(step), mt, repeats=3)
+    c.compiled = best_time(lambda: run(fast), mt, repeats=3)
+    loss = run(fast).item()
+    g = x.grad()
+    assert g is not None  # the compiled step delivered the gradient
+    grad = g.numpy()
+    if torch is not None:
+        tx, tl = torch.from_numpy(x0).clone().requires_grad_(True), torch.from_numpy(lab0)
+
+        def torch_step() -> None:
+            tx.grad = None
+            torch.nn.functional.cross_entropy(tx, tl).backward()
+
+        c.torch = best_time(torch_step, mt, repeats=3)
+        torch_step()
+        assert tx.grad is not None
+        c.notes["max_abs_grad_err_vs_torch"] = float(np.max(np.abs(grad - tx.grad.numpy())))
+        c.notes["loss_err_vs_torch"] = abs(
+            loss - float(torch.nn.functional.cross_entropy(tx.detach(), tl)))
+    c.notes["kernels"] = len(fast.kernels(x, lab))
+    return c
+
+
 def _tiny_case(quick: bool) -> Case:
     ctx = F.ExecContext()
     a = F.Tensor("d").from_slice(ctx, (8,), np.arange(8))
@@ -249,6 +374,154 @@ def _tiny_case(quick: bool) -> Case:
     if torch is not None:
         ta, tb = torch.from_numpy(a0), torch.from_numpy(b0)
         c.torch = best_time(lambda: torch.add(ta, tb), mt)
+    return c
+
+
+def _flash_attention_cases(quick: bool) -> list[Case]:
+    """Causal grouped attention vs torch SDPA: forward, and forward + backward.
+
+    fucina takes the [seq, batch * heads, d] layout (batch folded into the heads by
+    the head map), torch its [batch, heads, seq, d]; both from the same values.
+    """
+    b, h, s, d = (1, 4, 128, 64) if quick else (4, 8, 512, 64)
+    heads = b * h
+    rng = np.random.default_rng(11)
+    q0, k0, v0, w0 = (rng.standard_normal((s, heads, d)).astype(np.float32) for _ in range(4))
+    ctx = F.ExecContext()
+    Q, KV = F.Tensor("seq", "head", "d"), F.Tensor("seq", "kv_head", "d")
+    kvmap = list(range(heads))
+    scale = 1.0 / float(np.sqrt(d))
+    q, k, v = Q.from_slice(ctx, q0.shape, q0), KV.from_slice(ctx, k0.shape, k0), \
+        KV.from_slice(ctx, v0.shape, v0)
+
+    def attend(q: Any, k: Any, v: Any) -> Any:
+        return q.grouped_attention(k, v, kvmap, "o", scale)
+
+    mt = 0.1 if quick else 0.5
+    fwd = Case(f"causal attention fwd b={b} h={h} q=k={s} d={d}")
+    fast = F.compile(attend)
+    fwd.eager = best_time(lambda: attend(q, k, v), mt)
+    fwd.compiled = best_time(lambda: fast(q, k, v), mt)
+    qv, kv_, vv = (Q.variable_from_slice(ctx, q0.shape, q0), KV.variable_from_slice(
+        ctx, k0.shape, k0), KV.variable_from_slice(ctx, v0.shape, v0))
+    w = F.Tensor("seq", "o").from_slice(ctx, (s, heads * d), w0.reshape(s, heads * d))
+
+    def train(q: Any, k: Any, v: Any, w: Any) -> Any:
+        loss = attend(q, k, v).mul(w).sum_all()
+        loss.backward()
+        return loss
+
+    both = Case(f"causal attention fwd+bwd b={b} h={h} q=k={s} d={d}")
+    fast_train = F.compile(train)
+    both.eager = best_time(lambda: train(qv, kv_, vv, w), mt)
+    both.compiled = best_time(lambda: fast_train(qv, kv_, vv, w), mt)
+    if torch is not None:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def bhsd(a: np.ndarray) -> Any:
+            return torch.from_numpy(a).view(s, b, h, d).permute(1, 2, 0, 3).contiguous()
+
+        tq, tk, tv, tw = (bhsd(a) for a in (q0, k0, v0, w0))
+        fwd.torch = best_time(lambda: sdpa(tq, tk, tv, is_causal=True), mt)
+        want = sdpa(tq, tk, tv, is_causal=True).permute(2, 0, 1, 3).reshape(s, -1).numpy()
+        fwd.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(q, k, v).numpy() - want)))
+        gq, gk, gv = (t.clone().requires_grad_() for t in (tq, tk, tv))
+
+        def torch_train() -> None:
+            (sdpa(gq, gk, gv, is_causal=True) * tw).sum().backward()
+
+        both.torch = best_time(torch_train, mt)
+    return [fwd, both]
+
+
+def _rope_case(quick: bool) -> Case:
+    """RoPE (half mode, prepared table) vs torch's rotate_half formulation."""
+    b, s, h, d = (2, 128, 4, 64) if quick else (4, 512, 8, 64)
+    ctx = F.ExecContext()
+    x = F.Tensor("b", "seq", "h", "d").randn(ctx, (b, s, h, d), 12)
+    table = ctx.prepare_rope_table(np.arange(s), d, 10000.0)
+
+    def rope(x: Any) -> Any:
+        return x.rope("seq", "d", table, "half")
+
+    fast = F.compile(rope)
+    c = Case(f"rope half [{b},{s},{h},{d}] (table)")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: rope(x), mt)
+    c.compiled = best_time(lambda: fast(x), mt)
+    if torch is not None:
+        tx = torch.from_numpy(x.numpy())
+        cos = torch.from_numpy(np.concatenate([table.cos, table.cos], -1))[None, :, None, :]
+        sin = torch.from_numpy(np.concatenate([table.sin, table.sin], -1))[None, :, None, :]
+
+        def torch_rope() -> Any:
+            x1, x2 = tx[..., :d // 2], tx[..., d // 2:]
+            return tx * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+        c.torch = best_time(torch_rope, mt)
+        c.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(x).numpy()
+                                                              - torch_rope().numpy())))
+    c.notes["kernels"] = len(fast.kernels(x))
+    return c
+
+
+_ATTN_MEMORY = """
+import resource, sys
+import numpy as np
+impl, b, h, s, kv, d = sys.argv[1], *map(int, sys.argv[2:])
+rng = np.random.default_rng(0)
+q0 = rng.standard_normal((s, b * h, d)).astype(np.float32)
+k0 = rng.standard_normal((kv, b * h, d)).astype(np.float32)
+v0 = rng.standard_normal((kv, b * h, d)).astype(np.float32)
+
+def vm(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+if impl == "fucina":
+    import fucina as F
+    ctx = F.ExecContext()
+    Q, KV = F.Tensor("seq", "head", "d"), F.Tensor("seq", "kv_head", "d")
+    args = [(Q.from_slice(ctx, a.shape, a) if n == 0 else KV.from_slice(ctx, a.shape, a))
+            for n, a in enumerate((q0, k0, v0))]
+    small = [Q.from_slice(ctx, (4, b * h, d), q0[:4]), KV.from_slice(ctx, (8, b * h, d), k0[:8]),
+             KV.from_slice(ctx, (8, b * h, d), v0[:8])]
+    fn = lambda q, k, v: q.grouped_attention(k, v, list(range(b * h)), "o", 0.125,
+                                             mask="bidirectional")
+else:
+    import torch
+    torch.set_num_threads(2)
+    def bhsd(a):
+        return torch.from_numpy(a).view(a.shape[0], b, h, d).permute(1, 2, 0, 3).contiguous()
+    args = [bhsd(a) for a in (q0, k0, v0)]
+    small = [bhsd(q0[:4]), bhsd(k0[:8]), bhsd(v0[:8])]
+    fn = torch.nn.functional.scaled_dot_product_attention
+del q0, k0, v0
+fn(*small)  # kernels compiled / loaded before the measurement
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak resident set to the current one
+before = vm("VmRSS")
+out = fn(*args)
+print(vm("VmHWM") - before)
+"""
+
+
+def _attention_memory_case(quick: bool) -> Case:
+    """Peak resident memory one attention forward adds (bidirectional, long kv), per
+    implementation, each in a fresh process (Linux: /proc peak-RSS reset)."""
+    b, h, s, kv, d = (1, 4, 64, 1024, 64) if quick else (4, 8, 512, 4096, 64)
+    c = Case(f"attention fwd peak memory b={b} h={h} q={s} k={kv} d={d}")
+    if not os.path.exists("/proc/self/clear_refs"):
+        c.notes["skipped"] = "needs Linux /proc"
+        return c
+    impls = ["fucina"] + (["torch"] if torch is not None else [])
+    for impl in impls:
+        out = subprocess.run([sys.executable, "-c", _ATTN_MEMORY, impl, str(b), str(h), str(s),
+                              str(kv), str(d)], check=True, capture_output=True, text=True)
+        c.notes[f"{impl}_peak_MiB"] = int(out.stdout.strip().splitlines()[-1]) / 2**20
+    c.notes["output_MiB"] = b * h * s * d * 4 / 2**20
+    c.notes["scores_would_be_MiB"] = b * h * s * kv * 4 / 2**20
     return c
 
 
@@ -290,15 +563,237 @@ def _cold_warm_case() -> Case:
     return c
 
 
-def run_suite(quick: bool = False, cold_warm: bool = True) -> list[Case]:
-    """Run the standard suite and return its rows."""
+# -- training steps: forward, backward and an optimizer step --------------------------
+
+
+def _fucina_mlp(ctx: Any, sizes: tuple[int, ...], act: str, seed: int) -> list[Any]:
+    """Variables [w0, b0, w1, b1, ...] of an MLP; layer k maps tag l{k} -> l{k+1}."""
+    params = []
+    for k in range(len(sizes) - 1):
+        W = F.Tensor(f"l{k + 1}", f"l{k}")
+        w = W.normal(ctx, (sizes[k + 1], sizes[k]), seed + k, 0.0, 1.0 / sizes[k] ** 0.5)
+        params.append(W.variable(ctx, w.as_raw_tensor()))
+        params.append(F.Tensor(f"l{k + 1}").variable_from_slice(
+            ctx, (sizes[k + 1],), np.zeros(sizes[k + 1], np.float32)))
+    return params
+
+
+def _fucina_loss(params: list[Any], x: Any, y: Any, act: str) -> Any:
+    """Mean cross-entropy of the MLP's logits against one-hot ``y``; runs backward."""
+    h = x
+    layers = len(params) // 2
+    for k in range(layers):
+        h = h.dot(params[2 * k], f"l{k}").add(params[2 * k + 1])
+        if k < layers - 1:
+            h = h.tanh() if act == "tanh" else h.relu()
+    last = f"l{layers}"
+    loss = h.logsumexp(last).sub(h.mul(y).sum(last)).mean("batch")
+    loss.backward()
+    return loss
+
+
+def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_name: str,
+                   lr: float, quick: bool, torch_compile: bool) -> Case:
+    """One optimizer step (zero_grad, forward, backward, step) timed four ways.
+
+    fucina "compiled" is the whole step under ``fucina.compile``: one program
+    that also updates the parameters and the optimizer state in place.
+    """
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
+    y0 = np.eye(sizes[-1], dtype=np.float32)[labels]
+    ctx = F.ExecContext()
+    X, Y = F.Tensor("batch", "l0"), F.Tensor("batch", f"l{len(sizes) - 1}")
+    x, y = X.from_slice(ctx, x0.shape, x0), Y.from_slice(ctx, y0.shape, y0)
+    c = Case(name)
+    mt = 0.1 if quick else 1.0
+
+    for mode in ("eager", "compiled"):
+        params = _fucina_mlp(ctx, sizes, act, 1)
+        opt = getattr(F.optim, opt_name)(params, lr=lr)
+
+        def train_step(x: Any, y: Any, params: list[Any] = params, opt: Any = opt) -> Any:
+            opt.zero_grad()
+            loss = _fucina_loss(params, x, y, act)
+            opt.step()
+            return loss
+
+        fast = F.compile(train_step)
+        run: Callable[..., Any] = fast if mode == "compiled" else train_step
+        def call(run: Callable[..., Any] = run) -> Any:
+            return run(x, y)
+
+        setattr(c, mode, best_time(call, mt, repeats=3 if quick else 5))
+        if mode == "compiled":
+            c.notes["kernels"] = len(fast.kernels(x, y))
+            text = fast.ir(x, y)
+            c.notes["in_place_writes"] = text.count("stored in place by its kernel")
+            c.notes["copied_writes"] = text.count("copied after the last step")
+    if torch is None:
+        return c
+    tx, tl = torch.from_numpy(x0), torch.from_numpy(labels)
+    layers: list[Any] = []
+    for k in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[k], sizes[k + 1]))
+        if k < len(sizes) - 2:
+            layers.append(torch.nn.Tanh() if act == "tanh" else torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    topt = getattr(torch.optim, opt_name)(model.parameters(), lr=lr)
+
+    def torch_step(net: Any) -> Callable[[], Any]:
+        def step() -> Any:
+            topt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(tx), tl)
+            loss.backward()
+            topt.step()
+            return loss
+        return step
+
+    c.torch = best_time(torch_step(model), mt, repeats=3 if quick else 5)
+    if torch_compile:
+        try:
+            t0 = time.perf_counter()
+            cmodel = torch.compile(model)
+            torch_step(cmodel)()
+            c.notes["torch.compile_first_step_s"] = time.perf_counter() - t0
+            c.notes["torch.compile"] = best_time(torch_step(cmodel), mt)
+        except Exception as e:  # torch.compile needs a working C++ toolchain
+            c.notes["torch.compile"] = f"unavailable ({type(e).__name__})"
+    return c
+
+
+_FIRST_STEP = """
+import time
+import numpy as np
+import fucina as F
+from fucina.bench import _fucina_loss, _fucina_mlp
+ctx = F.ExecContext()
+rng = np.random.default_rng(0)
+x = F.Tensor("batch", "l0").from_slice(ctx, (256, 2), rng.standard_normal((256, 2)))
+y = F.Tensor("batch", "l3").from_slice(ctx, (256, 2), np.eye(2)[rng.integers(0, 2, 256)])
+params = _fucina_mlp(ctx, (2, 64, 64, 2), "tanh", 1)
+opt = F.optim.Adam(params, lr=1e-2)
+
+
+def train_step(x, y):
+    opt.zero_grad()
+    loss = _fucina_loss(params, x, y, "tanh")
+    opt.step()
+    return loss
+
+
+t0 = time.perf_counter()
+step = F.compile(train_step)
+step(x, y).item()
+print(time.perf_counter() - t0)
+"""
+
+
+def _first_step_case() -> Case:
+    """Time from ``compile()`` to the end of the first spirals training step (forward,
+    backward, Adam) in a fresh process, with an empty kernel cache (cold) and with the
+    cache it left (warm); imports and model set-up are not counted."""
+    c = Case("first compiled spirals step, new process")
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, FUCINA_CACHE_DIR=d)
+
+        def run() -> float:
+            out = subprocess.run([sys.executable, "-c", _FIRST_STEP], env=env, check=True,
+                                 capture_output=True, text=True)
+            return float(out.stdout.strip().splitlines()[-1])
+
+        cold = run()
+        warm = min(run() for _ in range(2))
+    c.notes["cold_s"] = cold
+    c.notes["warm_s"] = warm
+    return c
+
+
+def run_training_suite(quick: bool = False, torch_compile: bool = True,
+                       first_step: bool = True) -> list[Case]:
+    """Training-step rows: the spirals MLP (Adam), a 784-1024-1024-10 MLP (AdamW) and the
+    time to a first compiled step in a new process (not in quick runs)."""
+    spirals = _training_case("spirals step, batch 256, 2-64-64-2 tanh, Adam", (2, 64, 64, 2),
+                             256, "tanh", "Adam", 1e-2, quick, torch_compile and not quick)
+    big = (784, 256, 256, 10) if quick else (784, 1024, 1024, 10)
+    mlp = _training_case(f"MLP {'-'.join(map(str, big))} relu, batch 256, AdamW", big, 256,
+                         "relu", "AdamW", 1e-3, quick, torch_compile and not quick)
+    cases = [spirals, mlp]
+    if first_step and not quick:
+        cases.append(_first_step_case())
+    return cases
+
+
+def _quant_weight(ctx: Any, fmt: str, n: int, k: int, seed: int) -> tuple[Any, np.ndarray]:
+    """A [n, k] block-quantized weight and its f32 dequantization (numpy's operand)."""
+    import fucina.gguf as G
+
+    w = (np.random.default_rng(seed).standard_normal((n, k)) * 0.02).astype(np.float32)
+    blocks = G.encode_f32(fmt, w)
+    wq = F.Tensor("out", "in", dtype=fmt).from_blocks(ctx, (n, k), blocks)
+    return wq, G.decode_f32(fmt, blocks)
+
+
+def _qmatmul_case(fmt: str, m: int, n: int, k: int, quick: bool) -> Case:
+    """x[m, k] . W_q[n, k]: fucina on the blocks vs numpy on the dequantized f32 weight.
+
+    Notes: the bytes one call reads from the weight (per token for a GEMV: the
+    quantized blocks, which is what the weight takes in a GGUF file) against
+    the f32 bytes numpy reads, and the GB/s each achieved; ``at_numpy_GBps_ms``
+    is the time the quantized bytes would take at numpy's bandwidth (the bound
+    a bandwidth-limited GEMV can reach).
+    """
+    ctx = F.ExecContext()
+    wq, wd = _quant_weight(ctx, fmt, n, k, 10 + m)
+    x0 = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+    x = F.Tensor("t", "in").from_slice(ctx, (m, k), x0)
+    fast = F.compile(lambda x: x.dot(wq, "in"))
+    kind = "GEMV" if m == 1 else "GEMM"
+    c = Case(f"{kind} [{m}x{k}]x[{n}x{k}] {fmt}")
+    mt = 0.05 if quick else 0.3
+    c.eager = best_time(lambda: x.dot(wq, "in"), mt)
+    c.compiled = best_time(lambda: fast(x), mt)
+    c.numpy = best_time(lambda: x0 @ wd.T, mt)
+    qbytes = wq.as_raw_tensor().array().nbytes
+    c.notes["weight_MB"] = qbytes / 1e6
+    c.notes["f32_MB"] = wd.nbytes / 1e6
+    c.notes["GBps"] = qbytes / c.compiled / 1e9
+    c.notes["numpy_GBps"] = wd.nbytes / c.numpy / 1e9
+    c.notes["at_numpy_GBps_ms"] = qbytes / (wd.nbytes / c.numpy) * 1e3
+    ref = x0.astype(np.float64) @ wd.T.astype(np.float64)
+    c.notes["max_rel_err"] = float(np.abs(fast(x).numpy() - ref).max() / np.abs(ref).max())
+    return c
+
+
+def run_quant_suite(quick: bool = False) -> list[Case]:
+    """Quantized-weight rows: GEMV for q8_0/q4_1/q4_k, GEMM for q4_k (issue sizes)."""
+    if quick:
+        return [_qmatmul_case(f, 1, 1024, 512, True) for f in ("q8_0", "q4_1", "q4_k")] + [
+            _qmatmul_case("q4_k", 32, 512, 512, True)]
+    return [_qmatmul_case(f, 1, 11008, 4096, False) for f in ("q8_0", "q4_1", "q4_k")] + [
+        _qmatmul_case("q4_k", 32, 4096, 4096, False)]
+
+
+def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False) -> list[Case]:
+    """Run the standard suite and return its rows (``models``: the real-model rows too)."""
     n = 1 << 18 if quick else 1 << 22
     cases = [_chain_case(n, quick), _five_op_case(quick),
              _softmax_case(512 if quick else 4096, 1024, quick), _tiny_case(quick),
              _gemm_trans_b_case(256 if quick else 1024, quick), _attention_case(quick),
-             _linear_gelu_case(quick), _conv2d_case(quick)]
+             _linear_gelu_case(quick), _conv2d_case(quick), *_flash_attention_cases(quick),
+             _attention_memory_case(quick), _rope_case(quick)]
+    cases += run_quant_suite(quick)
+    rows = 512 if quick else 8192
+    cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,
+                                                                       quick)]
+    cases.append(_cross_entropy_case(quick))
     if cold_warm:
         cases.append(_cold_warm_case())
+    if models:
+        from .bench_bert import minilm_case
+
+        cases.append(minilm_case(Case))
     return cases
 
 
@@ -329,33 +824,242 @@ def table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+              "avx512_vnni", "avx512_bf16", "amx_tile", "neon", "asimd", "sve")
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo, else the platform's processor string)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def isa_flags() -> list[str]:
+    """The vector ISA extensions of this CPU that matter for kernels (as LLVM sees them)."""
+    import llvmlite.binding as llvm
+
+    feats = llvm.get_host_cpu_features()
+    have = {k.replace("-", "_") for k, on in feats.items() if on}
+    names = {"sse4.2": "sse4_2", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
+             "amx-tile": "amx_tile"}
+    have |= {v for k, v in names.items() if feats.get(k)}
+    return [f for f in _ISA_FLAGS if f in have]
+
+
+def blas_core() -> str:
+    """The BLAS numpy calls (library, kernel core, threads) via threadpoolctl if installed."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        cfg = getattr(np, "show_config", None)
+        return "unknown (install threadpoolctl)" if cfg is None else _numpy_blas_name()
+    parts = [f"{i.get('internal_api')} {i.get('version') or ''} core={i.get('architecture')} "
+             f"threads={i.get('num_threads')}".replace("  ", " ")
+             for i in threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join(parts) or "none found"
+
+
+def _numpy_blas_name() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')} (core unknown: no threadpoolctl)"
+    except Exception:  # numpy < 1.26 has no dict mode
+        return "unknown (install threadpoolctl)"
+
+
 def conditions() -> dict[str, Any]:
     """The machine and library versions a run was made under."""
     import numba
 
     info = {"python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
-            "fucina": F.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "cpu": cpu_model(), "isa": " ".join(isa_flags()), "cpus": os.cpu_count(),
+            "load_avg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+            "numpy": np.__version__, "numba": numba.__version__,
+            "fucina": F.__version__, "threading_layer": F.internal.threading_layer(),
+            "blas": blas_core(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
     return info
 
 
+def header(cond: dict[str, Any]) -> str:
+    """The lines printed above the table: machine, ISA, threading, BLAS, versions."""
+    versions = ", ".join(f"{k} {cond[k]}" for k in ("fucina", "numpy", "numba", "torch",
+                                                     "python") if k in cond)
+    return "\n".join([
+        f"fucina benchmark suite, {cond['date']}",
+        f"CPU: {cond['cpu']} ({cond['machine']}, {cond['cpus']} logical CPUs, "
+        f"load {cond['load_avg']})",
+        f"ISA: {cond['isa'] or 'baseline'}",
+        f"threading: numba {cond['threading_layer']}"
+        + (f", torch threads {cond['torch_threads']}" if "torch_threads" in cond else ""),
+        f"BLAS: {cond['blas']}",
+        f"versions: {versions}"])
+
+
+def spread_table(cases: list[Case]) -> str:
+    """min / median / max per call for every timed implementation of every row."""
+    lines = [f"{'case':44} {'impl':>9} {'min':>11} {'median':>11} {'max':>11}"]
+    for c in cases:
+        for impl, st in c.spread().items():
+            lines.append(f"{c.name:44} {impl:>9} {_fmt(st['min']):>11} "
+                         f"{_fmt(st['median']):>11} {_fmt(st['max']):>11}")
+    return "\n".join(lines)
+
+
+def to_json(cases: list[Case], cond: dict[str, Any]) -> dict[str, Any]:
+    """The saved form of a run: conditions, and per row the times and their spread."""
+    rows = []
+    for c in cases:
+        row = asdict(c)
+        for k in IMPLS:  # plain floats in the JSON
+            row[k] = None if row[k] is None else float(row[k])
+        row["spread"] = c.spread()
+        rows.append(row)
+    return {"conditions": cond, "cases": rows}
+
+
+def save(doc: dict[str, Any], out: Path | None) -> Path:
+    """Write a run's JSON (default ``bench-results/<timestamp>.json``); returns the path."""
+    if out is None:
+        out = RESULTS_DIR / (time.strftime("%Y%m%d-%H%M%S") + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2))
+    return out
+
+
+def ratios(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per row, each other implementation's time over fucina's (compiled, else eager)."""
+    res: dict[str, dict[str, float]] = {}
+    for c in doc["cases"]:
+        ref_key = "compiled" if c["compiled"] is not None else "eager"
+        if c[ref_key]:
+            res[c["name"]] = {k: c[k] / c[ref_key] for k in IMPLS
+                              if k != ref_key and k != "compiled" and c[k] is not None}
+    return res
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, dict[str, dict[str, float]]]:
+    """Table of run B's time over run A's per row and implementation (< 1: B is faster)."""
+    rows_a = {c["name"]: c for c in a["cases"]}
+    out: dict[str, dict[str, float]] = {}
+    head = f"{'case':44} " + " ".join(f"{k + ' B/A':>13}" for k in IMPLS)
+    lines = [f"A: {a['conditions'].get('date')} {a['conditions'].get('cpu')}",
+             f"B: {b['conditions'].get('date')} {b['conditions'].get('cpu')}", head,
+             "-" * len(head)]
+    for cb in b["cases"]:
+        ca = rows_a.get(cb["name"])
+        if ca is None:
+            continue
+        r = {k: cb[k] / ca[k] for k in IMPLS if cb.get(k) and ca.get(k)}
+        out[cb["name"]] = r
+        lines.append(f"{cb['name']:44} " + " ".join(
+            f"{r[k]:12.2f}x" if k in r else f"{'-':>13}" for k in IMPLS))
+    missing = sorted(set(rows_a) - {c["name"] for c in b["cases"]})
+    if missing:
+        lines.append("only in A: " + ", ".join(missing))
+    return "\n".join(lines), out
+
+
+def plot(data: dict[str, dict[str, float]], path: Path, title: str) -> Path | None:
+    """A horizontal bar chart of ``data`` (row -> series -> ratio) as a PNG, or None
+    without matplotlib (``pip install fucina[plot]``)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(data)
+    series = sorted({k for r in data.values() for k in r})
+    fig, ax = plt.subplots(figsize=(10, 0.35 * max(len(names), 4) + 1.5))
+    height = 0.8 / max(len(series), 1)
+    for j, s in enumerate(series):
+        ys = [i + j * height for i in range(len(names))]
+        ax.barh(ys, [data[n].get(s, 0.0) for n in names], height, label=s)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names, fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("ratio (log scale)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m fucina.bench``."""
-    p = argparse.ArgumentParser(prog="python -m fucina.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m fucina.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller sizes and shorter timing")
     p.add_argument("--no-cold-warm", action="store_true", help="skip the new-process case")
+    p.add_argument("--no-models", action="store_true",
+                   help="skip the real-model rows (MiniLM; --quick skips them too)")
+    p.add_argument("--models-only", action="store_true", help="run only the real-model rows")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where to save the run's JSON (default bench-results/<timestamp>.json)")
+    p.add_argument("--no-save", action="store_true", help="do not save the run")
+    p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
+                   help="compare two saved runs (B's time over A's) instead of running")
+    p.add_argument("--no-training", action="store_true", help="skip the training-step section")
+    p.add_argument("--no-torch-compile", action="store_true",
+                   help="skip torch.compile in the training section")
     args = p.parse_args(argv)
-    cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm)
+    if args.compare:
+        a, b = (json.loads(f.read_text()) for f in args.compare)
+        text, data = compare(a, b)
+        print(text)
+        png = plot(data, args.compare[1].with_suffix(".compare.png"),
+                   f"time B/A: {args.compare[1].name} over {args.compare[0].name}")
+        if png is not None:
+            print(f"plot: {png}", file=sys.stderr)
+        return 0
+    cond = conditions()
+    if not args.json:
+        print(header(cond), flush=True)
+    PROGRESS[0] = True
+    try:
+        if args.models_only:
+            from .bench_bert import minilm_case
+
+            cases = [minilm_case(Case)]
+        else:
+            cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
+                              models=not (args.no_models or args.quick))
+        training = [] if args.no_training or args.models_only else run_training_suite(
+            quick=args.quick, torch_compile=not args.no_torch_compile)
+    finally:
+        PROGRESS[0] = False
+    doc = to_json(cases, cond)
+    if training:
+        doc["training"] = to_json(training, cond)["cases"]
     if args.json:
-        print(json.dumps({"conditions": conditions(), "cases": [asdict(c) for c in cases]},
-                         indent=2))
+        print(json.dumps(doc, indent=2))
     else:
-        print("fucina benchmark suite; " + ", ".join(f"{k}={v}" for k, v in conditions().items()))
         print(table(cases))
+        print()
+        print(spread_table(cases))
+        if training:
+            print("\ntraining steps (zero_grad + forward + backward + optimizer step; "
+                  "fucina compiled = the whole step in one program; torch.compile = the model)")
+            print(table(training))
+    if not args.no_save:
+        path = save(doc, args.out)
+        print(f"saved: {path}", file=sys.stderr)
+        png = plot(ratios(doc), path.with_suffix(".png"),
+                   "time of each implementation over fucina's (> 1: fucina is faster)")
+        if png is not None:
+            print(f"plot: {png}", file=sys.stderr)
     return 0
 
 

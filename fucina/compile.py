@@ -1,104 +1,476 @@
 """``fucina.compile(fn)``: trace a function into the IR and run it as kernels.
 
-The first call per input signature (tensor types, shapes, strides, static
-arguments) traces ``fn`` with symbolic tensors that carry tags, dtype, shape
-and layout but no data; tag errors surface then, at the user's line, and
-``Tensor(...)`` annotations on parameters and the return value are checked.
-The traced IR becomes a :class:`~fucina.ir.program.Program` (fused kernels,
-views folded, intermediates reusing buffers), cached per signature.
+The first call per input signature (tensor types, shapes, strides, which
+arguments share a context, static arguments) traces ``fn`` with symbolic
+tensors that carry tags, dtype, shape and layout but no data; tag errors
+surface then, at the user's line, and ``Tensor(...)`` annotations on
+parameters and the return value are checked. The traced IR becomes a
+:class:`~fucina.ir.program.Program` (fused kernels, views folded,
+intermediates reusing buffers), cached per signature (least recently used
+signatures are dropped past :data:`PROGRAM_CACHE_SIZE`).
 
-A function that calls ``backward()`` compiles forward and backward into one
-program; its gradients reach the variables (and eager graphs) they belong to
-when the program runs. A function whose results still require grad (the
-caller will differentiate them) runs eagerly, so the graph exists.
+A compiled function behaves as the eager one:
+
+- Tensors it reaches through closures, globals, defaults and the objects
+  those hold (:mod:`fucina.captures`) are implicit inputs read at call time,
+  so rebinding one takes effect without a retrace. Python values the trace
+  depends on are guarded: when one changes, the next call traces again.
+- Arguments may be tensors, static hashable values, or tuples/lists/dicts of
+  both (tensors anywhere in them are inputs).
+- A function that calls ``backward()`` compiles forward and backward into
+  one program; its gradients reach the variables (and eager graphs) they
+  belong to when the program runs.
+- A result that still requires grad carries a graph node whose backward runs
+  a compiled program (the function's VJP, recomputing its forward), so
+  ``fast(x).backward()`` works as it does eagerly.
+- Called while another function is being traced, a compiled function inlines
+  into that trace.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import typing
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .errors import TagError
+import numpy as np
+
+from . import captures as cap
+from .dtypes import DType
+from .errors import TagError, UnsupportedGradient
 from .ir import autodiff
-from .ir.execute import set_tracer
+from .ir.execute import current_tracer, emit, set_tracer
 from .ir.graph import Node, leaf
+from .ir.ops import OPS, OpDef
 from .ir.printer import format_program
 from .ir.program import Program
-from .kernels.cache import Kernel
+from .kernels.cache import SIZE_SOURCES, Kernel
 from .runtime.context import ExecContext
-from .runtime.gradmode import is_grad_enabled, no_grad
-from .runtime.raw import RawTensor
-from .runtime.storage import Storage
+from .runtime.gradmode import enable_grad, is_grad_enabled, no_grad
+from .runtime.lru import LRU
+from .runtime.raw import RawTensor, contiguous_strides, set_read_observer
 
+#: Input signatures whose programs one compiled function keeps (LRU).
+PROGRAM_CACHE_SIZE = 64
+#: Traces kept per signature for different guarded captured values (oldest dropped).
+GUARD_VARIANTS = 8
 
-def _is_tensor(x: Any) -> bool:
-    return getattr(type(x), "axis_tags", None) is not None and hasattr(x, "_node_")
+_is_tensor = cap.is_tensor
+_LIVE: weakref.WeakSet[Compiled] = weakref.WeakSet()
 
 
 def _is_tensor_type(t: Any) -> bool:
     return isinstance(t, type) and getattr(t, "axis_tags", None) is not None
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.nodes: list[Node] = []
+# -- arguments ------------------------------------------------------------------------------
+
+
+class _Args:
+    """A call's arguments split into tensor leaves, static values and a signature key."""
+
+    __slots__ = ("tensors", "statics", "key", "ctx_class")
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self.tensors: list[Any] = []
+        self.statics: list[Any] = []
+        self.ctx_class: list[int] = []  # per tensor: index of the first tensor on its context
+        ctxs: dict[int, int] = {}
+        parts = [self._leaf(a, ctxs, "argument") for a in args]
+        parts += [(k, self._leaf(kwargs[k], ctxs, f"argument {k!r}")) for k in sorted(kwargs)]
+        self.key = (tuple(parts), is_grad_enabled())
+
+    def _leaf(self, a: Any, ctxs: dict[int, int], what: str) -> Any:
+        if _is_tensor(a):
+            node = a._node  # raises Deinitialized
+            k = len(self.tensors)
+            self.tensors.append(a)
+            cls = ctxs.setdefault(id(a._ctx), k)
+            self.ctx_class.append(cls)
+            raw = node.value
+            return ("T", type(a), raw.shape, raw.strides, node.requires_grad, cls)
+        if isinstance(a, (tuple, list)):
+            return (type(a), tuple(self._leaf(x, ctxs, what) for x in a))
+        if isinstance(a, dict):
+            return (dict, tuple((k, self._leaf(a[k], ctxs, what)) for k in a))
+        try:
+            hash(a)
+        except TypeError:
+            raise TypeError(
+                f"compiled functions take tensors, hashable static values and "
+                f"tuples/lists/dicts of those; {what} is a {type(a).__name__}") from None
+        self.statics.append(a)
+        # The type is part of the key: 1, 1.0 and True trace differently.
+        return ("S", type(a), a)
+
+    def rebuild(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                tensors: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The same argument structure with ``tensors`` in place of the tensor leaves."""
+        it = iter(tensors)
+
+        def sub(a: Any) -> Any:
+            if _is_tensor(a):
+                return next(it)
+            if isinstance(a, (tuple, list)):
+                return type(a)(sub(x) for x in a)
+            if isinstance(a, dict):
+                return {k: sub(v) for k, v in a.items()}
+            return a
+
+        new_args = tuple(sub(a) for a in args)
+        new_kwargs = {k: sub(kwargs[k]) for k in sorted(kwargs)}
+        return new_args, new_kwargs
+
+
+# -- tracing --------------------------------------------------------------------------------
+
+
+class _Tracer:
+    """Records a trace; turns concrete tensors the function reads into program inputs."""
+
+    def __init__(self, caps: cap.Captures):
+        self.caps = caps
         self.grads: list[tuple[Node, Node]] = []
+        self.inputs: list[Node] = []
+        # Per input: ("arg", k) tensor argument k, ("slot", k) capture slot k (read through
+        # its path at call time), ("pinned", node) a tensor only this trace can reach.
+        # ("grad", k) the accumulated gradient of input k's tensor at call time.
+        self.bindings: list[tuple[str, Any]] = []
+        # id(concrete node) -> (that node, its program value). The node is kept so that
+        # its id is not reused by a later temporary (a broadcast view made for one op).
+        self._lifted: dict[int, tuple[Node, Node]] = {}
+        self.read_slots: set[int] = set()
+        # In-place updates and gradient reads inside the trace (optimizer steps).
+        self.arg_nodes: set[int] = set()            # nodes of the tensor arguments
+        self._version: dict[int, tuple[Node, Node]] = {}  # id(input) -> (input, value now)
+        self.prologues: list[Callable[[], None]] = []
+        self.grad_presence: dict[int, bool] = {}    # input -> its tensor has a grad at call
+        self.clears: list[int] = []                 # inputs whose grad is dropped at call end
+        self._grad_inputs: dict[int, Node] = {}
 
     def record(self, node: Node) -> None:
-        self.nodes.append(node)
+        """Nothing to keep: the program is reached from its outputs."""
 
-    def gradient(self, leaf: Node, grad: Node) -> None:
-        self.grads.append((leaf, grad))
+    def gradient(self, leaf_: Node, grad: Node) -> None:
+        self.grads.append((leaf_, grad))
+
+    def add_input(self, raw: RawTensor, tags: Any, requires_grad: bool,
+                  binding: tuple[str, Any]) -> Node:
+        node = Node("input", (), {"index": len(self.inputs)}, RawTensor.symbolic_like(raw),
+                    tags, requires_grad)
+        self.inputs.append(node)
+        self.bindings.append(binding)
+        return node
+
+    def lift(self, node: Node) -> Node:
+        """The program value a traced op reads for a concrete tensor (after any assign)."""
+        base = self._lift(node)
+        hit = self._version.get(id(base))
+        return base if hit is None else hit[1]
+
+    def _lift(self, node: Node) -> Node:
+        hit = self._lifted.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        # The lifted value requires grad exactly when the concrete one does, whatever the
+        # grad mode at the first read (emit gates recording by the mode of each op).
+        slot = self.caps.slot_of(node)
+        if slot is not None:
+            out = self.add_input(node.value, node.tags, node.requires_grad, ("slot", slot))
+        elif OPS.get(node.op, _NO_OP).is_view and node.inputs:
+            # A view made while tracing over a concrete tensor: the same view of its lifted
+            # base, so the program reads the base as it is at call time.
+            with enable_grad() if node.requires_grad else no_grad():
+                out = emit(node.op, (self.lift(node.inputs[0]),), node.tags, **node.attrs)
+        else:
+            out = self.add_input(node.value, node.tags, node.requires_grad, ("pinned", node))
+        self._lifted[id(node)] = (node, out)
+        return out
+
+    # -- optimizer steps inside a trace -------------------------------------------------
+    #
+    # An assign records the target's new value (later reads in the trace see it) and
+    # the program writes the last value into the input after its run; the gradient a
+    # variable holds mid-trace is its gradient at call time (an input, guarded on being
+    # present) plus what this trace's backward passes produced; host-side bookkeeping
+    # (step counts, bias corrections) runs as a prologue before every run.
+
+    def _target(self, node: Node, what: str) -> Node:
+        """The program input behind a concrete tensor ``what`` updates or reads."""
+        if node.value.is_symbolic or id(node) in self.arg_nodes:
+            raise TypeError(
+                f"{what} inside fucina.compile works on tensors the function captures (a "
+                "model's variables, an optimizer's state), not on its tensor arguments or on "
+                "values computed while tracing")
+        base = self._lift(node)
+        if base.op != "input":
+            raise TypeError(f"{what} inside fucina.compile needs a whole tensor, not a view")
+        return base
+
+    def assign(self, target: Node, value: Node) -> None:
+        """``target`` (a captured tensor) holds ``value`` from here on in the trace."""
+        base = self._target(target, "an in-place update (assign)")
+        if target.value.storage.readonly:
+            raise TypeError("assign: the target's storage is read-only (borrowed const)")
+        if not value.value.is_symbolic:
+            value = self.lift(value)
+        self._version[id(base)] = (base, value)
+        # Views lifted before this point read the old value: lift them again when used.
+        self._lifted = {k: v for k, v in self._lifted.items() if v[1].op == "input"}
+
+    def writes(self) -> list[tuple[int, Node]]:
+        """(input index, final value) of every assigned input."""
+        return [(base.attrs["index"], v) for base, v in self._version.values() if v is not base]
+
+    def grad(self, node: Node) -> Node | None:
+        """The gradient the variable ``node`` holds at this point of the traced call."""
+        base = self._target(node, "reading a gradient")
+        k = base.attrs["index"]
+        total = None
+        if k not in self.clears:
+            present = node.grad is not None
+            self.grad_presence[k] = present
+            if present:
+                gi = self._grad_inputs.get(k)
+                if gi is None:
+                    gi = self._grad_inputs[k] = self.add_input(
+                        node.grad, base.tags, False, ("grad", k))  # type: ignore[arg-type]
+                total = gi
+        for leaf_, g in self.grads:
+            if leaf_ is base:
+                total = g if total is None else emit("binary", (total, g), fn="add")
+        return total
+
+    def set_grad(self, node: Node, value: Node) -> None:
+        """The variable ``node``'s gradient is ``value`` from here on (and after the call)."""
+        self.zero_grad(node)
+        self.grads.append((self._target(node, "setting a gradient"), value))
+
+    def zero_grad(self, node: Node) -> None:
+        """The variable ``node`` has no gradient from here on (and none after the call)."""
+        base = self._target(node, "zero_grad()")
+        self.grads = [(leaf_, g) for leaf_, g in self.grads if leaf_ is not base]
+        k = base.attrs["index"]
+        if k not in self.clears:
+            self.clears.append(k)
+
+    def prologue(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` before the program at every call (host-side optimizer bookkeeping)."""
+        self.prologues.append(fn)
+
+    def read(self, raw: RawTensor) -> None:
+        """Host code read data while tracing: a captured tensor's values now shape the trace."""
+        self.read_slots.update(self.caps.slots_of_storage(raw.storage))
+
+    def add_root(self, obj: Any) -> None:
+        cap.add_root(self.caps, obj)
 
 
-class _Traced:
-    """One signature's program, how to rebuild its outputs, where gradients go."""
+_NO_OP = OpDef("")
 
-    def __init__(self, program: Program | None, structure: Any, out_types: list[Any],
-                 grad_targets: list[Any], eager_only: bool = False):
+
+class _Entry:
+    """One traced signature: its program, how to bind inputs and rebuild outputs."""
+
+    def __init__(self, program: Program, tracer: _Tracer, structure: Any,
+                 out_nodes: list[Node], out_types: list[Any], out_ctx: list[tuple[str, Any]],
+                 grad_targets: list[Any]):
         self.program = program
+        self.caps = tracer.caps
+        self.bindings = tracer.bindings
+        self.inputs = tracer.inputs
         self.structure = structure
+        self.out_nodes = out_nodes
         self.out_types = out_types
-        # Per gradient output: an argument index (its symbolic input) or a leaf node.
-        self.grad_targets = grad_targets
-        self.eager_only = eager_only
+        self.out_ctx = out_ctx
+        self.out_rg = [n.requires_grad for n in out_nodes]
+        self.grad_targets = grad_targets  # per gradient output: an input index or a node
+        self.diff = [k for k, n in enumerate(self.inputs) if n.requires_grad]
+        # What the trace saw of every captured tensor, and of the ones whose values it read.
+        self.slot_meta = [_meta(t) for t in self.caps.slots]
+        self.slot_values = {k: _values(self.caps.slots[k]) for k in sorted(tracer.read_slots)}
+        # Context classes over arguments then the captures the program reads.
+        self.slot_ctx_class: list[tuple[int, int]] = []  # (slot, class)
+        self.one_ctx = False  # arguments and used captures all on one context
+        self._vjp: dict[int, tuple[Program, list[int | None], list[Node]]] = {}
+        self._lock = threading.Lock()
+        # Optimizer steps traced into the program (see _Tracer.assign/grad/zero_grad).
+        self.prologues = tracer.prologues
+        self.clears = tracer.clears
+        self.grad_presence = sorted(tracer.grad_presence.items())
+
+    # -- guards ----------------------------------------------------------------------
+
+    def match(self, fn: Any, args: _Args) -> list[Any] | None:
+        """The captured tensors for this call, or None when the trace no longer applies."""
+        caps = self.caps
+        if not caps.slots and not caps.guards:
+            return []
+        found = caps.resolve(fn, tuple(args.statics))
+        if found is None:
+            return None
+        for t, meta in zip(found, self.slot_meta):
+            node = t._node_
+            if node is None or meta is None or t._ctx.closed:
+                return None
+            v = node.value
+            if v.shape != meta[0] or v.strides != meta[1] or node.requires_grad != meta[2]:
+                return None
+        for k, snapshot in self.slot_values.items():
+            if not cap.same_value(_values(found[k]), snapshot):
+                return None
+        for k, present in self.grad_presence:  # the trace read (or not) a prior gradient
+            kind, v = self.bindings[k]
+            node = (args.tensors[v]._node if kind == "arg" else found[v]._node_
+                    if kind == "slot" else v)
+            if node is None or (node.grad is not None) != present:
+                return None
+        # Captured tensors share contexts with the arguments as they did when traced.
+        scc = self.slot_ctx_class
+        if scc:
+            if self.one_ctx and args.tensors:  # the common case: everything on one context
+                ctx0 = args.tensors[0]._ctx
+                for slot, _ in scc:
+                    if found[slot]._ctx is not ctx0:
+                        return None
+            else:
+                ctx_of = {id(t._ctx): c for t, c in zip(args.tensors, args.ctx_class)}
+                for slot, cls in scc:
+                    if ctx_of.setdefault(id(found[slot]._ctx), -1 - slot) != cls:
+                        return None
+        return found
+
+    # -- running ---------------------------------------------------------------------
+
+    def bound(self, args: _Args, found: list[Any]) -> list[Node]:
+        """The node each program input reads at this call."""
+        tensors = args.tensors
+        out: list[Node] = []
+        for kind, v in self.bindings:
+            if kind == "arg":
+                out.append(tensors[v]._node)
+            elif kind == "slot":
+                out.append(found[v]._node)
+            elif kind == "grad":  # input v's accumulated gradient (present: guarded)
+                out.append(leaf(out[v].grad, None, False))
+            else:
+                out.append(v)
+        return out
+
+    def vjp(self, j: int) -> tuple[Program, list[int | None], list[Node]]:
+        """The backward program of output ``j`` (built on first use).
+
+        Its inputs are the forward inputs, the output's gradient and any
+        constant the rules needed; it recomputes what the forward computed.
+        Returns the program, per differentiable input the index of its
+        gradient among the program outputs (None: no gradient reaches it),
+        and the constant nodes bound after the gradient.
+        """
+        with self._lock:
+            hit = self._vjp.get(j)
+            if hit is not None:
+                return hit
+            out = self.out_nodes[j]
+            rec = _Tracer(cap.Captures())
+            rec.inputs = list(self.inputs)
+            rec.bindings = [("fwd", k) for k in range(len(self.inputs))]
+            seed = rec.add_input(RawTensor.symbolic(DType.f32, out.shape), None, False,
+                                 ("seed", 0))
+            prev = set_tracer(rec)
+            try:
+                autodiff.backward(out, seed)
+            finally:
+                set_tracer(prev)
+            got = {id(leaf_): g for leaf_, g in rec.grads}
+            outputs: list[Node] = []
+            where: list[int | None] = []
+            for k in self.diff:
+                g = got.get(id(self.inputs[k]))
+                where.append(None if g is None else len(outputs))
+                if g is not None:
+                    outputs.append(g)
+            consts = [v for kind, v in rec.bindings[len(self.inputs) + 1:]]
+            hit = self._vjp[j] = (Program(rec.inputs, outputs), where, consts)
+            return hit
+
+
+def _meta(t: Any) -> Any:
+    node = t._node_ if _is_tensor(t) else None
+    if node is None or t._ctx.closed:
+        return None
+    raw = node.value
+    return (raw.shape, raw.strides, node.requires_grad)
+
+
+def _values(t: Any) -> np.ndarray | None:
+    node = t._node_
+    return None if node is None else np.array(node.value.array(), copy=True)
+
+
+class _CompiledCall:
+    """What a graph node of a compiled result needs to run the function's VJP."""
+
+    __slots__ = ("entry", "raws", "__weakref__")
+
+    def __init__(self, entry: _Entry, raws: list[RawTensor]):
+        self.entry = entry
+        self.raws = raws  # every program input as it was in the forward call
+
+    def grads(self, j: int, g: Node) -> tuple[Node | None, ...]:
+        if current_tracer() is not None:
+            raise UnsupportedGradient(
+                "the result of a compiled function reached backward() inside another trace; "
+                "pass it to the traced function as an argument instead")
+        prog, where, consts = self.entry.vjp(j)
+        gv = g.value
+        if gv.dtype is not DType.f32:
+            gv = emit("cast", (g,), dtype=DType.f32, src=gv.dtype).value
+        if gv.strides != contiguous_strides(gv.shape) or gv.offset:
+            gv = gv.contiguous_copy()
+        raws = prog.run(self.raws + [gv] + [c.value for c in consts])
+        return tuple(None if w is None else leaf(raws[w], None, False) for w in where)
+
+
+def _compiled_call_vjp(n: Node, g: Node) -> tuple[Node | None, ...]:
+    return n.attrs["call"].grads(n.attrs["output"], g)
+
+
+OPS["compiled_call"] = OpDef("compiled_call")
+autodiff.VJP["compiled_call"] = _compiled_call_vjp
+
+
+# -- the public object ----------------------------------------------------------------------
 
 
 class Compiled:
     """A traced, optimized version of ``fn`` (see :func:`compile`)."""
 
     def __init__(self, fn: Callable[..., Any]):
+        if not callable(fn):
+            raise TypeError(f"fucina.compile needs a callable, got {type(fn).__name__}")
         self.fn = fn
-        self._cache: dict[Any, _Traced] = {}
+        self.__fucina_compiled_fn__ = fn  # how the capture walk recognizes compiled functions
+        self._cache = LRU(PROGRAM_CACHE_SIZE)
+        self._lock = threading.RLock()
         functools.update_wrapper(self, fn)
         self._hints: dict[str, Any] | None = None
+        _LIVE.add(self)
 
-    # -- signatures ----------------------------------------------------------------
+    @property
+    def _name(self) -> str:
+        return getattr(self.fn, "__name__", type(self.fn).__name__)
 
-    def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        parts: list[Any] = []
-        for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
-            if _is_tensor(a):
-                raw = a._node.value
-                parts.append((type(a), raw.shape, raw.strides, a._node.requires_grad))
-            else:
-                try:
-                    hash(a)
-                except TypeError:
-                    raise TypeError(
-                        f"compiled functions take tensors and hashable static values; got "
-                        f"{type(a).__name__}") from None
-                parts.append(("static", a))
-        return (tuple(parts), tuple(sorted(kwargs)), is_grad_enabled())
+    # -- annotations -----------------------------------------------------------------
 
     def _annotations(self) -> dict[str, Any]:
         if self._hints is None:
             try:
                 self._hints = typing.get_type_hints(self.fn)
-            except Exception:  # noqa: BLE001 - unresolvable hints are simply not checked
+            except Exception:
                 self._hints = {}
         return self._hints
 
@@ -111,94 +483,174 @@ class Compiled:
             ann = hints.get(name)
             if _is_tensor_type(ann) and type(value) is not ann:
                 raise TagError(
-                    f"{self.fn.__name__}: parameter {name!r} is annotated {ann!r}, "
+                    f"{self._name}: parameter {name!r} is annotated {ann!r}, "
                     f"got {type(value)!r}")
 
     def _check_return(self, out: Any) -> None:
         ann = self._annotations().get("return")
         if _is_tensor_type(ann) and type(out) is not ann:
-            raise TagError(f"{self.fn.__name__}: return is annotated {ann!r}, got {type(out)!r}")
+            raise TagError(f"{self._name}: return is annotated {ann!r}, got {type(out)!r}")
 
-    # -- tracing -----------------------------------------------------------------------
+    # -- tracing ---------------------------------------------------------------------
 
-    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Traced:
+    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any], a: _Args) -> _Entry:
         self._check_params(args, kwargs)
-        inputs: list[Node] = []
-
-        def symbolic(a: Any) -> Any:
-            if not _is_tensor(a):
-                return a
-            raw = a._node.value
-            sym = RawTensor(Storage(None), raw.dtype, raw.shape, raw.strides, 0)
-            rg = a._node.requires_grad and is_grad_enabled()
-            node = Node("input", (), {"index": len(inputs)}, sym, a.axis_tags, rg)
-            inputs.append(node)
-            return type(a)._from_node(node, a._ctx)
-
-        sargs = tuple(symbolic(a) for a in args)
-        skw = {k: symbolic(kwargs[k]) for k in sorted(kwargs)}  # the order run() binds
-        rec = _Recorder()
-        prev = set_tracer(rec)
-        try:
-            out = self.fn(*sargs, **skw)
-        finally:
-            set_tracer(prev)
-        self._check_return(out)
-        flat: list[Any] = []
+        roots: list[tuple[cap.Step, Any]] = [(("root", 0), self.fn)]
+        roots += [(("arg", k), s) for k, s in enumerate(a.statics)
+                  if not isinstance(s, cap.PRIMITIVES)]
+        tracer = _Tracer(cap.discover(roots))
+        sym = []
+        for k, t in enumerate(a.tensors):
+            node = t._node
+            rg = node.requires_grad and is_grad_enabled()
+            inp = tracer.add_input(node.value, t.axis_tags, rg, ("arg", k))
+            tracer.arg_nodes.add(id(node))
+            sym.append(type(t)._from_node(inp, t._ctx))
+        sargs, skw = a.rebuild(args, kwargs, sym)
+        flat: list[Node] = []
+        out_types: list[Any] = []
+        out_ctx_objs: list[ExecContext] = []
 
         def flatten(o: Any) -> Any:
             if _is_tensor(o):
-                flat.append(o)
+                node = o._node
+                if not node.value.is_symbolic:  # returned as is: read it at call time
+                    node = tracer.lift(node)
+                flat.append(node)
+                out_types.append(type(o))
+                out_ctx_objs.append(o._ctx)
                 return ("t", len(flat) - 1)
             if isinstance(o, (tuple, list)):
                 return (type(o), [flatten(x) for x in o])
+            if isinstance(o, dict):
+                return (dict, [(k, flatten(v)) for k, v in o.items()])
             return ("v", o)
 
-        structure = flatten(out)
-        out_types = [type(t) for t in flat]
-        if not rec.grads and any(t._node.requires_grad for t in flat):
-            # A result still in a graph: the caller will differentiate it, so the
-            # eager graph must exist. Run this signature eagerly.
-            return _Traced(None, structure, out_types, [], eager_only=True)
-        by_id = {id(n): k for k, n in enumerate(inputs)}
-        targets = [by_id.get(id(leaf_), leaf_) for leaf_, _ in rec.grads]
-        program = Program(inputs, [t._node for t in flat] + [g for _, g in rec.grads])
-        return _Traced(program, structure, out_types, targets)
+        prev = set_tracer(tracer)
+        prev_obs = set_read_observer(tracer.read)
+        try:
+            out = self.fn(*sargs, **skw)
+            self._check_return(out)
+            structure = flatten(out)
+        finally:
+            set_read_observer(prev_obs)
+            set_tracer(prev)
+        by_id = {id(n): k for k, n in enumerate(tracer.inputs)}
+        targets = [by_id.get(id(leaf_), leaf_) for leaf_, _ in tracer.grads]
+        program = Program(tracer.inputs, flat + [g for _, g in tracer.grads], tracer.writes())
+        # Each result lives on the context of the input it came from (or its own).
+        ctx_rep: dict[int, tuple[str, Any]] = {}
+        for k, t in enumerate(a.tensors):
+            ctx_rep.setdefault(id(t._ctx), ("arg", k))
+        for (kind, v) in tracer.bindings:
+            if kind == "slot":
+                ctx_rep.setdefault(id(tracer.caps.slots[v]._ctx), ("slot", v))
+        out_ctx = [ctx_rep.get(id(c), ("fixed", c)) for c in out_ctx_objs]
+        entry = _Entry(program, tracer, structure, flat, out_types, out_ctx, targets)
+        ctx_class = {id(t._ctx): c for t, c in zip(a.tensors, a.ctx_class)}
+        for kind, v in tracer.bindings:
+            if kind == "slot":
+                c = ctx_class.setdefault(id(tracer.caps.slots[v]._ctx), -1 - v)
+                entry.slot_ctx_class.append((v, c))
+        entry.one_ctx = all(c == 0 for c in a.ctx_class) and all(
+            c == 0 for _, c in entry.slot_ctx_class)
+        return entry
 
-    def _traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Traced:
-        key = self._signature(args, kwargs)
-        tr = self._cache.get(key)
-        if tr is None:
-            tr = self._cache[key] = self._trace(args, kwargs)
-        return tr
+    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                ) -> tuple[_Entry, _Args, list[Any]]:
+        a = _Args(args, kwargs)
+        variants = self._cache.get(a.key)
+        if variants:
+            for e in variants:
+                found = e.match(self.fn, a)
+                if found is not None:
+                    return e, a, found
+        with self._lock:
+            variants = self._cache.get(a.key) or []
+            for e in variants:  # another thread may have traced it meanwhile
+                found = e.match(self.fn, a)
+                if found is not None:
+                    return e, a, found
+            e = self._trace(args, kwargs, a)
+            self._cache.put(a.key, (variants + [e])[-GUARD_VARIANTS:])
+            # This call runs with what the trace read, even if the function changed its
+            # captured values while tracing (then the next call traces again, as eager
+            # would run the changed function).
+            return e, a, list(e.caps.slots)
 
-    # -- calling -----------------------------------------------------------------------
+    # -- calling ---------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        values = list(args) + [kwargs[k] for k in sorted(kwargs)]
-        tensors = [a for a in values if _is_tensor(a)]
-        tr = self._traced(args, kwargs)
-        if tr.eager_only:
-            return self.fn(*args, **kwargs)
-        assert tr.program is not None  # only eager-only signatures have no program
-        ctx = tensors[0]._ctx if tensors else ExecContext()
-        raws = tr.program.run([t._node.value for t in tensors])
-        nout = len(tr.out_types)
-        outs = [typ._from_node(leaf(r, typ.axis_tags, False), ctx, op_result=True)
-                for typ, r in zip(tr.out_types, raws)]
-        for target, g in zip(tr.grad_targets, raws[nout:]):
-            _deliver(tensors[target]._node if isinstance(target, int) else target, g)
-        return _rebuild(tr.structure, outs)
+        tracer = current_tracer()
+        if tracer is not None:
+            return self._inline(tracer, args, kwargs)
+        entry, a, found = self._lookup(args, kwargs)
+        for prologue in entry.prologues:
+            prologue()
+        nodes = entry.bound(a, found)
+        in_raws = [n.value for n in nodes]
+        raws = entry.program.run(in_raws)
+        for k in entry.clears:  # zero_grad() ran inside the function
+            if nodes[k].op == "variable":
+                nodes[k].grad = None
+        nout = len(entry.out_types)
+        call = _CompiledCall(entry, in_raws) if any(entry.out_rg) else None
+        diff_nodes = tuple(nodes[k] for k in entry.diff)
+        outs = []
+        for j, (typ, r) in enumerate(zip(entry.out_types, raws)):
+            kind, v = entry.out_ctx[j]
+            ctx = (a.tensors[v]._ctx if kind == "arg" else found[v]._ctx if kind == "slot"
+                   else v)
+            if entry.out_rg[j]:
+                node = Node("compiled_call", diff_nodes, {"call": call, "output": j}, r,
+                            typ.axis_tags, True)
+            else:
+                node = leaf(r, typ.axis_tags, False)
+            outs.append(typ._from_node(node, ctx, op_result=True))
+        for target, g in zip(entry.grad_targets, raws[nout:]):
+            _deliver(nodes[target] if isinstance(target, int) else target, g)
+        return _rebuild(entry.structure, outs)
+
+    def _inline(self, tracer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Called inside another trace: the function becomes part of that program."""
+        self._check_params(args, kwargs)
+        add_root = getattr(tracer, "add_root", None)
+        if add_root is not None:
+            add_root(self)  # what this function captures is read through it at call time
+        out = self.fn(*args, **kwargs)
+        self._check_return(out)
+        return out
+
+    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+        if current_tracer() is not None:
+            raise TypeError(f"{self._name}.ir()/.kernels() need concrete arguments, "
+                            "not tensors being traced")
+        return self._lookup(args, kwargs)[0]
 
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """Readable text of the optimized program for these arguments."""
-        return format_program(self._traced(args, kwargs).program)
+        e = self._entry(args, kwargs)
+        notes = []
+        for kind, v in e.bindings:
+            if kind == "arg":
+                notes.append(f"argument tensor {v}")
+            elif kind == "slot":
+                notes.append("captured: " + cap.describe(e.caps.paths[v][0]).strip()
+                             + ", read at each call")
+            elif kind == "grad":
+                notes.append(f"the gradient of input {v} at each call")
+            else:
+                notes.append("constant made while tracing")
+        return format_program(e.program, notes)
 
     def kernels(self, *args: Any, **kwargs: Any) -> list[Kernel]:
         """The generated kernels the program runs for these arguments, in order."""
-        prog = self._traced(args, kwargs).program
-        assert prog is not None, "this signature runs eagerly: it has no kernels"
+        prog = self._entry(args, kwargs).program
         return [st.kernel for st in prog.steps if st.kernel is not None]
+
+    def cache_size(self) -> int:
+        """Traced programs this function holds (all signatures and guard variants)."""
+        return sum(len(v) for v in self._cache.values())
 
 
 def _deliver(node: Node, grad: RawTensor) -> None:
@@ -218,9 +670,20 @@ def _rebuild(s: Any, outs: list[Any]) -> Any:
         return outs[payload]
     if tag == "v":
         return payload
+    if tag is dict:
+        return {k: _rebuild(x, outs) for k, x in payload}
     return tag(_rebuild(x, outs) for x in payload)
 
 
-def compile(fn: Callable[..., Any]) -> Compiled:  # noqa: A001 - the public name
+def compile(fn: Callable[..., Any]) -> Compiled:
     """Trace ``fn`` per input signature into an optimized program of fused kernels."""
     return Compiled(fn)
+
+
+def _program_cache() -> tuple[int, int]:
+    """(programs held by all live compiled functions, the per-function signature bound)."""
+    return sum(c.cache_size() for c in list(_LIVE)), PROGRAM_CACHE_SIZE
+
+
+SIZE_SOURCES["program_cache"] = _program_cache
+

@@ -260,6 +260,40 @@ def einsum_many_validate(operands: Sequence[Sequence[str]], out: Sequence[str]) 
     return out
 
 
+#: The tags ``grouped_attention`` requires of its query and of its keys/values.
+ATTENTION_Q_TAGS: Tags = ("seq", "head", "d")
+ATTENTION_KV_TAGS: Tags = ("seq", "kv_head", "d")
+
+
+def attention_result(q: Sequence[str], out_tag: str) -> Tags:
+    """``grouped_attention`` result tags ``(seq, out_tag)``; q is exactly (seq, head, d)."""
+    if tuple(q) != ATTENTION_Q_TAGS:
+        raise TagError(f"grouped_attention: the query must be tagged {_fmt(ATTENTION_Q_TAGS)}, "
+                       f"got {_fmt(q)}")
+    return check_tags(("seq", out_tag))
+
+
+def attention_kv(name: str, tags: Sequence[str]) -> None:
+    """Keys and values of ``grouped_attention`` are exactly (seq, kv_head, d)."""
+    if tuple(tags) != ATTENTION_KV_TAGS:
+        raise TagError(f"grouped_attention: {name} must be tagged {_fmt(ATTENTION_KV_TAGS)}, "
+                       f"got {_fmt(tags)}")
+
+
+def rope_axes(tags: Sequence[str], position_tag: str, feature_tag: str) -> tuple[int, int]:
+    """Axis positions of a RoPE's position and feature tags (distinct, both present)."""
+    p, f = index(tags, position_tag), index(tags, feature_tag)
+    if p == f:
+        raise TagError(f"rope: the position and feature tags are both {position_tag!r}")
+    return p, f
+
+
+def softmax_query_axis(tags: Sequence[str], tag: str, query_tag: str) -> int:
+    """Axis of a fused causal softmax's query tag (present, not the softmax tag)."""
+    q = index(tags, query_tag)
+    if query_tag == tag:
+        raise TagError(f"softmax causal: query_tag {query_tag!r} is the softmax tag itself")
+    return q
 # -- convolution windows: the trailing axes are the window's, the rest are batch -----------
 
 

@@ -12,9 +12,10 @@ import json
 from fucina import bench
 
 
-def test_quick_suite_runs_and_reports(capsys):
+def test_quick_suite_runs_and_reports(capsys, tmp_path):
     cases = bench.run_suite(quick=True, cold_warm=False)
     names = [c.name for c in cases]
+    assert len(names) == len(set(names))
     assert any(n.startswith("conv2d 3x3") for n in names)
     by_name = {c.name.split(" [")[0].split(" ")[0]: c for c in cases}
     assert by_name["sigmoid(tanh(x*w+1)*x)"].notes["kernels"] == 1
@@ -22,12 +23,79 @@ def test_quick_suite_runs_and_reports(capsys):
     assert by_name["row"].notes["kernels"] == 1
     assert by_name["linear+bias+gelu"].notes["kernels"] == 1
     assert "copied=none" in by_name["dot"].notes["gemm"]
+    flash = [c for c in cases if c.name.startswith("causal attention fwd ")][0]
+    assert "max_abs_err_vs_torch" not in flash.notes or flash.notes["max_abs_err_vs_torch"] < 1e-5
+    rope = [c for c in cases if c.name.startswith("rope")][0]
+    assert "max_abs_err_vs_torch" not in rope.notes or rope.notes["max_abs_err_vs_torch"] < 1e-5
+    quant = [c for c in cases if c.name.startswith(("GEMV", "GEMM"))]
+    assert [c.name.split()[-1] for c in quant] == ["q8_0", "q4_1", "q4_k", "q4_k"]
+    for c in quant:  # the quantized weight moves fewer bytes than its f32 form
+        assert c.notes["weight_MB"] < c.notes["f32_MB"] / 3
+        assert c.notes["max_rel_err"] < 2e-2  # GEMV rounds the activation to int8
+    assert by_name["layer_norm"].notes["kernels"] == 1
+    assert by_name["rms_norm"].notes["kernels"] == 1
     for c in cases:
         assert c.eager is None or c.eager > 0
         assert "max_abs_err_vs_numpy" not in c.notes or c.notes["max_abs_err_vs_numpy"] < 1e-5
         assert "max_abs_err_vs_torch" not in c.notes or c.notes["max_abs_err_vs_torch"] < 1e-3
     text = bench.table(cases)
     assert "numpy/fast" in text and len(text.splitlines()) == len(cases) + 2
-    assert bench.main(["--quick", "--no-cold-warm", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["conditions"]["cpus"] >= 1 and len(out["cases"]) == len(names)
+    assert "median" in bench.spread_table(cases)
+    saved = tmp_path / "run.json"
+    args = ["--quick", "--no-cold-warm", "--no-training", "--json", "--out", str(saved)]
+    assert bench.main(args) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["conditions"]["cpus"] >= 1 and len(out["cases"]) == len(cases)
+    assert json.loads(saved.read_text())["cases"] == out["cases"]
+    # Progress went to stderr, one line per row as it started.
+    assert captured.err.count("[bench]") == len(cases)
+    for row in out["cases"]:
+        for impl, st in row["spread"].items():
+            assert st["min"] == row[impl] and st["min"] <= st["median"] <= st["max"]
+
+
+def test_timing_carries_min_median_max_through_copies():
+    import copy
+
+    t = bench.Timing([3.0, 1.0, 2.0, 5.0, 4.0])
+    assert (float(t), t.median, t.max) == (1.0, 3.0, 5.0)
+    c = bench.Case("row", compiled=t, numpy=2.0)
+    assert c.spread() == {"compiled": {"min": 1.0, "median": 3.0, "max": 5.0}}
+    u = copy.deepcopy(t)
+    assert (float(u), u.median, u.max) == (1.0, 3.0, 5.0)
+
+
+def test_header_names_cpu_isa_threading_blas_and_versions():
+    cond = bench.conditions()
+    for key in ("cpu", "isa", "threading_layer", "blas", "numpy", "numba"):
+        assert key in cond
+    text = bench.header(cond)
+    for label in ("CPU:", "ISA:", "threading:", "BLAS:", "versions:"):
+        assert label in text
+    assert f"numpy {cond['numpy']}" in text and f"numba {cond['numba']}" in text
+
+
+def _run(cond_date, rows):
+    cases = [{"name": n, "eager": e, "compiled": c, "numpy": None, "torch": t, "notes": {},
+              "spread": {}} for n, e, c, t in rows]
+    return {"conditions": {"date": cond_date, "cpu": "x"}, "cases": cases}
+
+
+def test_compare_and_ratios_of_saved_runs(tmp_path, capsys):
+    a = _run("A", [("softmax", 4.0, 2.0, 3.0), ("only-a", 1.0, None, None)])
+    b = _run("B", [("softmax", 4.0, 1.0, 3.0), ("only-b", 1.0, 1.0, None)])
+    text, data = bench.compare(a, b)
+    assert data == {"softmax": {"eager": 1.0, "compiled": 0.5, "torch": 1.0}}
+    assert "only in A: only-a" in text and "0.50x" in text
+    assert bench.ratios(a) == {"softmax": {"eager": 2.0, "torch": 1.5},
+                               "only-a": {}}
+    pa, pb = bench.save(a, tmp_path / "a.json"), bench.save(b, tmp_path / "b.json")
+    assert bench.main(["--compare", str(pa), str(pb)]) == 0
+    assert "softmax" in capsys.readouterr().out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert bench.plot(data, tmp_path / "r.png", "t") is None
+    else:
+        assert (tmp_path / "b.compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -138,18 +138,15 @@ def test_integer_division_by_zero_raises_when_compiled(ctx):
 
 def test_static_arguments_and_signature_cache(ctx):
     x = _rand(ctx, ("a",), (5,))
-    calls = []
-
-    def f(x, k):
-        calls.append(k)
-        return x.scale(k)
-
-    fast = F.compile(f)
+    fast = F.compile(lambda x, k: x.scale(k))
     fast(x, 2.0)
     fast(x, 2.0)
+    assert fast.cache_size() == 1  # traced once per signature
     fast(x, 3.0)
-    assert calls == [2.0, 3.0]  # traced once per signature
+    assert fast.cache_size() == 2
     np.testing.assert_allclose(fast(x, 3.0).numpy(), x.numpy() * 3)
+    np.testing.assert_allclose(fast(x, 2).numpy(), x.numpy() * 2)  # an int is its own key
+    assert fast.cache_size() == 3
 
 
 def test_keyword_tensors_bind_by_name(ctx):
@@ -230,12 +227,15 @@ def test_compiled_training_step_matches_eager(ctx):
     wc, bc = make()
     fast = F.compile(step)
     got = fast(x, y, wc, bc)
-    assert not got.requires_grad
+    assert got.requires_grad  # as eager: the loss is still in a graph after backward()
     np.testing.assert_allclose(got.item(), want, rtol=1e-5)
     np.testing.assert_allclose(wc.grad().numpy(), we.grad().numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(bc.grad().numpy(), be.grad().numpy(), rtol=1e-5, atol=1e-6)
     fast(x, y, wc, bc)  # gradients accumulate across calls, as in eager
     np.testing.assert_allclose(wc.grad().numpy(), 2 * we.grad().numpy(), rtol=1e-5, atol=1e-6)
+    got.backward()  # a second backward through the compiled VJP, as eager allows
+    np.testing.assert_allclose(wc.grad().numpy(), 3 * we.grad().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bc.grad().numpy(), 3 * be.grad().numpy(), rtol=1e-5, atol=1e-6)
     text = fast.ir(x, y, wc, bc)
     assert "gemm" in text and "kernel" in text
 
@@ -404,3 +404,56 @@ def test_compiled_backward_equals_eager_on_random_programs(prog):
         assert (ga is None) == (gb is None)
         if ga is not None:
             np.testing.assert_allclose(gb.numpy(), ga.numpy(), rtol=1e-3, atol=1e-4)
+
+
+def test_captured_variable_first_read_under_no_grad_still_gets_its_gradient(ctx):
+    # Regression: the lifted input kept the grad mode of its first read, so a later
+    # backward through the same captured variable found no graph (eager: gradient 4, 5, 6).
+    D = F.Tensor("d")
+
+    def run(compiled: bool):
+        w = D.variable_from_slice(ctx, (3,), [1, 2, 3])
+
+        def f(x):
+            with F.no_grad():
+                a = x.mul(w)
+            loss = w.mul(x).sum_all()
+            loss.backward()
+            return loss.add(a.sum_all())
+
+        out = (F.compile(f) if compiled else f)(D.from_slice(ctx, (3,), [4, 5, 6]))
+        return out.item(), w.grad().numpy()
+
+    (want, gw), (got, gc) = run(False), run(True)
+    assert got == want == 64.0
+    np.testing.assert_array_equal(gc, gw)
+    np.testing.assert_array_equal(gc, [4, 5, 6])
+
+
+def test_views_of_one_captured_tensor_stay_distinct(ctx):
+    # Regression: lifted views were cached by the id of a temporary broadcast view, so a
+    # later temporary with the same id read the first view (every select read element 0).
+    H = F.Tensor("hyper").from_slice(ctx, (3,), [2, 3, 5])
+    x = F.Tensor("a").from_slice(ctx, (4,), [1, 1, 1, 1])
+
+    def f(x):
+        s = [H.select("hyper", j) for j in range(3)]
+        return x * s[0] + x * s[1] * s[2]
+
+    np.testing.assert_array_equal(f(x).numpy(), [17, 17, 17, 17])
+    np.testing.assert_array_equal(F.compile(f)(x).numpy(), [17, 17, 17, 17])
+
+
+def test_two_pointwise_chains_meeting_in_one_op_are_one_kernel(ctx):
+    # Each chain starts from its own input, so placement opens a kernel per chain; the
+    # chain read only by the other's kernel folds into it.
+    rng = np.random.default_rng(3)
+    x = F.Tensor("r", "c").from_slice(ctx, (64, 32), rng.standard_normal((64, 32)))
+    v = F.Tensor("r", "c").from_slice(ctx, (64, 32), rng.standard_normal((64, 32)))
+
+    def f(x, v):
+        return (x.exp().scale(0.5) + v.scale(2.0).tanh()).sigmoid()
+
+    fast = F.compile(f)
+    np.testing.assert_allclose(fast(x, v).numpy(), f(x, v).numpy(), rtol=1e-6, atol=1e-7)
+    assert len(fast.kernels(x, v)) == 1

@@ -94,22 +94,44 @@ OLD = {
 # branch, from_numpy where from_slice exists, operators on the integer and bool branches.
 _INTEROP = "ndim size __len__ __array__ __array_ufunc__ __bool__ __float__ __int__"
 _INT_OPS = "__add__ __sub__ __mul__ __floordiv__ __mod__ __and__ __or__ __xor__"
-# Issue 9: the §4.14 convolution family (tensor/conv.py, the f32 branch only).
-_CONV = (
-    "conv1d causal_conv1d grouped_causal_conv1d causal_depthwise_conv1d conv_transpose1d "
-    "conv2d conv2d_relu prepare_conv2d_weights conv2d_prepared conv2d_prepared_relu "
-    "max_pool2d avg_pool2d upsample2x_nearest unfold fold channel_affine relpos_shift"
-)
+# Reflected operators (issue 8): ``1 + i`` raises the same TypeError as ``i + 1``.
+_INT_ROPS = "__radd__ __rsub__ __rmul__ __rfloordiv__ __rmod__ __rand__ __ror__ __rxor__"
+# Quantized weights (issue 11): packed RHS on f32/f16/bf16/block weights, ternary STE.
+_PACK = "pack_rhs pack_rhs_layout"
 ADDED = {
-    B.F32Tensor: _names(_INTEROP, "from_numpy", _CONV),
-    B.HalfTensor: _names(_INTEROP, "from_numpy"),
+    B.F32Tensor: _names(_INTEROP, "from_numpy", _PACK, "dot_packed dot_ternary_ste"),
+    B.HalfTensor: _names(_INTEROP, "from_numpy", _PACK),
     B.F64Tensor: _names(_INTEROP, "from_numpy"),
-    B.IntTensor: _names(_INTEROP, "from_numpy", _INT_OPS),
-    B.I64Tensor: _names(_INTEROP, "from_numpy", _INT_OPS),
-    B.BoolTensor: _names(_INTEROP, "from_numpy", "__invert__ __and__ __or__ __xor__"),
+    B.IntTensor: _names(_INTEROP, "from_numpy", _INT_OPS, _INT_ROPS),
+    B.I64Tensor: _names(_INTEROP, "from_numpy", _INT_OPS, _INT_ROPS),
+    B.BoolTensor: _names(_INTEROP, "from_numpy", "__invert__ __and__ __or__ __xor__",
+                         "__rand__ __ror__ __rxor__"),
     B.F8Tensor: _names(_INTEROP, "from_numpy"),
-    B.QuantTensor: _names(_INTEROP),
+    B.QuantTensor: _names(_INTEROP, _PACK),
 }
+# Issue 9's NN families: norms and gated units (f32, and forward-only on f16/bf16), the
+# f32-only snake/prelu, elemental ops, scans and inference helpers.
+_NN_HALF = "rms_norm rms_norm_mul layer_norm gated glu swiglu geglu"
+_NN_F32 = (
+    "rms_norm_mul_add group_norm standardize_axis l2_normalize situ split_gated snake prelu "
+    "elemental_unary elemental_binary linear_recurrence segment_sum bias_add "
+    "add_axis_vector_in_place add_axis_vector_unary_in_place add_scaled_in_place "
+    "take_add_no_grad take_scale_no_grad"
+)
+_NN_CONV = (
+    "avg_pool2d causal_conv1d causal_depthwise_conv1d channel_affine conv1d conv2d "
+    "conv2d_prepared conv2d_prepared_relu conv2d_relu conv_transpose1d fold "
+    "grouped_causal_conv1d max_pool2d prepare_conv2d_weights relpos_shift unfold "
+    "upsample2x_nearest"
+)
+_NN_ATTN = "grouped_attention rope rms_norm_mul_rope_half_prepared"  # attention, RoPE (f32)
+ADDED[B.F32Tensor] |= _names(_NN_HALF, _NN_F32, _NN_CONV, _NN_ATTN)
+ADDED[B.HalfTensor] |= _names(_NN_HALF)
+# Issue 9 op families on the f32 branch (REFERENCE §4.15 losses, §4.16 selection).
+ADDED[B.F32Tensor] |= _names(
+    "cross_entropy_ext linear_cross_entropy linear_cross_entropy_ext linear_distill "
+    "linear_distill_ext mse_loss huber_loss bce_loss kl_div_loss nll_loss cosine_similarity "
+    "top_k sort argsort multinomial router_top_k")
 UNIVERSE = set().union(*OLD.values(), *ADDED.values())
 BRANCH_OF = {
     "f32": B.F32Tensor, "f16": B.HalfTensor, "bf16": B.HalfTensor, "f64": B.F64Tensor,
@@ -207,7 +229,8 @@ def test_tag_arguments_are_annotated_str():
                 continue
             for p in inspect.signature(fn).parameters.values():
                 if p.name == "tag" or p.name.endswith("_tag") or p.name in ("contract",):
-                    assert p.annotation == "str", (branch.__name__, name, p)
+                    # an optional tag option (softmax's head_tag) may be None
+                    assert p.annotation in ("str", "str | None"), (branch.__name__, name, p)
 
 
 def test_help_lists_the_f32_surface():
@@ -238,3 +261,61 @@ def test_slots_keep_tensors_small(ctx):
     with pytest.raises(AttributeError):
         x.extra = 1
     assert np.array_equal(x.numpy(), [1, 2])
+
+
+# -- a tensor where a tag is expected, a tag where a tensor is expected -----------------
+
+_TYPE = "a tensor of type fucina.Tensor('a', 'b')"
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda x: x.concat(x, "s"), "concat(): argument 'tag' expects a tag name (str), got " + _TYPE),
+    (lambda x: x.sum(x), "sum(): argument 'tag' expects a tag name (str), got " + _TYPE),
+    (lambda x: x.dot(x, x), "dot(): argument 'contract' expects a tag name (str), got " + _TYPE),
+    (lambda x: x.gather("a", [0], x), "gather(): argument 'out_tag' expects a tag name"),
+    (lambda x: x.softmax(3), "softmax(): argument 'tag' expects a tag name (str), got int 3"),
+    (lambda x: x.permute_to(x), "permute_to(): argument 'target' (an element) expects a tag "
+                                "tuple or a rank, got " + _TYPE),
+    (lambda x: x.split("a", x, (1, 2)), "split(): argument 'parts' expects a tag tuple"),
+    (lambda x: x.reshape(x, (6,)), "reshape(): argument 'new_tags' expects a tag tuple"),
+    (lambda x: x.with_tags(x, "c"), "with_tags(): argument 'new_tags' (an element)"),
+    (lambda x: x.matmul(x, "plain", x), "matmul(): argument 'out_tags' expects a tag tuple"),
+    (lambda x: F.Tensor(x), "argument 'spec' (an element) expects a tag tuple or a rank"),
+])
+def test_tensor_passed_as_tag_names_the_argument(ctx, call, message):
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [1, 2, 3, 4, 5, 6])
+    with pytest.raises(F.TagError) as info:
+        call(x)
+    assert isinstance(info.value, TypeError)
+    assert str(info.value).startswith(message) or message in str(info.value), str(info.value)
+    assert "[[" not in str(info.value)  # never a whole tensor repr as a "tag"
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda x: x.add("a"), "add(): argument 'other' expects a fucina tensor (operand), "
+                           "got str 'a'"),
+    (lambda x: x.dot("b", x), "dot(): argument 'other' expects a fucina tensor"),
+    (lambda x: x.concat("a", x), "concat(): argument 'others' expects a sequence of fucina "
+                                 "tensors (concat operands), got " + _TYPE),
+    (lambda x: x.concat("a", ["b"]), "concat(): argument 'others' (an element) expects a "
+                                     "fucina tensor"),
+    (lambda x: x.where(x > 1, 0.0), "where(): argument 'other' expects a fucina tensor"),
+    (lambda x: x.masked_fill("b", 0.0), "masked_fill(): argument 'mask' expects a fucina "
+                                        "tensor"),
+    (lambda x: F.einsum_many(("a",), x), "einsum_many(): argument 'operands' expects a "
+                                         "sequence of fucina tensors"),
+    (lambda x: x.compare("lt", "b"), "compare(): argument 'other' expects a fucina tensor"),
+    (lambda x: type(x).from_slice([1], (2, 3), [0] * 6), "from_slice(): argument 'ctx' "
+                                                        "expects an ExecContext"),
+])
+def test_tag_passed_as_tensor_names_the_argument(ctx, call, message):
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [1, 2, 3, 4, 5, 6])
+    with pytest.raises(TypeError) as info:
+        call(x)
+    assert message in str(info.value), str(info.value)
+
+
+def test_argument_naming_works_under_compile(ctx):
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [1, 2, 3, 4, 5, 6])
+    with pytest.raises(F.TagError, match="sum\\(\\): argument 'tag' expects a tag name"):
+        F.compile(lambda t: t.sum(t))(x)

@@ -371,15 +371,18 @@ def _contract(n: Node, g: Node) -> Grads:
 
 @rule("gather")
 def _gather(n: Node, g: Node) -> Grads:
-    x = n.inputs[0]
+    x, *index = n.inputs  # positions: the attribute, or a traced i64 input (no gradient)
     axis = n.attrs["axis"]
-    return (emit("scatter_axis_add", (g,), axis=axis, index=n.attrs["index"],
-                 dim=x.shape[axis]),)
+    gx = emit("scatter_axis_add", (g, *index), axis=axis, index=n.attrs.get("index"),
+              dim=x.shape[axis])
+    return (gx, None) if index else (gx,)
 
 
 @rule("scatter_axis_add")
 def _scatter_axis_add(n: Node, g: Node) -> Grads:
-    return (emit("gather", (g,), axis=n.attrs["axis"], index=n.attrs["index"]),)
+    _, *index = n.inputs
+    gx = emit("gather", (g, *index), axis=n.attrs["axis"], index=n.attrs.get("index"))
+    return (gx, None) if index else (gx,)
 
 
 @rule("index_add")
@@ -475,8 +478,15 @@ def accumulate(leaf: Node, g: Node) -> None:
                          fn="add").value
 
 
-def backward(root: Node, seed: Node) -> None:
-    """Propagate ``seed`` (d loss / d root) to every variable leaf below ``root``."""
+def backward(root: Node, seed: Node,
+             deliver: Callable[[Node, Node], None] | None = None) -> None:
+    """Propagate ``seed`` (d loss / d root) to every variable leaf below ``root``.
+
+    ``deliver(leaf, g)`` replaces :func:`accumulate` at the leaves (a checkpoint's
+    recompute collects its inputs' gradients through sinks and delivers nothing).
+    """
+    if deliver is None:
+        deliver = accumulate
     order = topo_order([root], grad_only=True)
     grads: dict[int, Node] = {id(root): seed}
     with no_grad():
@@ -485,7 +495,7 @@ def backward(root: Node, seed: Node) -> None:
             if g is None:
                 continue
             if node.op in ("variable", "input"):  # input: a traced argument
-                accumulate(node, g)
+                deliver(node, g)
                 continue
             if node.is_leaf:
                 continue

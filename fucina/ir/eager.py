@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.cache import SIZE_SOURCES
 from ..kernels.codegen import STRIDED
+from ..runtime.lru import LRU
 from ..runtime.raw import RawTensor, contiguous_strides
 from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
 from .fusion import fusable, fusable_reduce, param_value
@@ -49,7 +51,7 @@ class Plan:
         self.small = self.count * self.np_dtype.itemsize < POOL_MIN_BYTES
         if node.op == "scalar" or (node.op == "compare" and len(node.inputs) == 1):
             self.param_kind = 1
-        elif node.op == "unary":
+        elif node.op in ("unary", "elemental"):
             self.param_kind = 2
         else:
             self.param_kind = 0
@@ -82,11 +84,15 @@ class Plan:
                          self.strides, 0)
 
 
-_PLANS: dict[Any, Plan | None] = {}
+#: Most eager op signatures a process keeps plans for (least recently used dropped).
+PLAN_CACHE_SIZE = 4096
+PLANS = LRU(PLAN_CACHE_SIZE)
+_MISSING = object()
+SIZE_SOURCES["plan_cache"] = lambda: (len(PLANS), PLANS.maxsize)
 
 
 _FAST_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy",
-                       "reduce"})
+                       "reduce", "elemental"})
 
 
 def lookup(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> Plan | None:
@@ -99,11 +105,16 @@ def lookup(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> Plan | N
         if raw.storage.buf is None:
             return None  # symbolic values never run
         key += (raw.dtype, raw.shape, raw.strides)
-    try:
-        return _PLANS[key]
-    except KeyError:
-        pass
-    plan = _PLANS[key] = _build(op, inputs, attrs)
+    data = PLANS.data
+    plan = data.get(key, _MISSING)
+    if plan is not _MISSING:
+        try:
+            data.move_to_end(key)
+        except KeyError:  # evicted by another thread meanwhile
+            pass
+        return plan
+    plan = _build(op, inputs, attrs)
+    PLANS.put(key, plan)
     return plan
 
 
@@ -112,8 +123,7 @@ def _build(op: str, inputs: tuple[Node, ...], attrs: dict[str, Any]) -> Plan | N
 
     sym_inputs = []
     for k, v in enumerate(inputs):
-        raw = v.value
-        sym = RawTensor(Storage(None), raw.dtype, raw.shape, raw.strides, 0)
+        sym = RawTensor.symbolic_like(v.value)
         sym_inputs.append(Node("input", (), {"index": k}, sym, None, False))
     infer = OPS[op].infer
     assert infer is not None  # views never reach a plan

@@ -19,6 +19,7 @@ from ..runtime.gradmode import is_grad_enabled
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, storage_for
 from . import eager
+from .checks import ATTR_CHECKS, VALUE_CHECKS
 from .graph import Node
 from .ops import OPS
 
@@ -31,6 +32,14 @@ class Tracer(Protocol):
 
     def gradient(self, leaf: Node, grad: Node) -> None:
         """A backward pass inside the trace produced ``grad`` for ``leaf``."""
+
+    def lift(self, node: Node) -> Node:
+        """The value a traced op reads for a concrete (data-holding) input node.
+
+        A tensor the function captured from outside becomes an implicit
+        program input (read when the program runs); anything else stays a
+        constant of the program.
+        """
 
 
 _local = threading.local()
@@ -63,6 +72,13 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
     d = OPS[op]
     inputs = tuple(inputs)
     tracer = getattr(_local, "tracer", None)
+    if tracer is not None and d.layout is None:
+        # A compute op reads data: concrete inputs become program inputs or constants.
+        # (Views of concrete tensors stay concrete, so traced host code may still read them.)
+        inputs = tuple(i if i.value.storage.buf is None else tracer.lift(i) for i in inputs)
+    check = ATTR_CHECKS.get(op)
+    if check is not None:
+        check(inputs, attrs)
     rg = False
     if d.differentiable:
         for i in inputs:
@@ -81,10 +97,13 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
             value = RawTensor.symbolic(dtype, shape)
         else:
             buf = None
+            arrays = [v.array() for v in ins]
+            vcheck = VALUE_CHECKS.get(op)
+            if vcheck is not None:
+                vcheck(inputs, attrs, arrays)
             if op == "contract":  # GEMM results land in a pooled buffer, written in place
                 buf = POOL.take(dtype.storage, int(np.prod(shape)))
-            res = reference.run(op, attrs, [v.array() for v in ins], [v.dtype for v in ins],
-                                dtype, buf=buf)
+            res = reference.run(op, attrs, arrays, [v.dtype for v in ins], dtype, buf=buf)
             pooled = buf is not None and (res.base is buf or res is buf)
             value = wrap_array(dtype, res, shape, pooled=pooled)
     # Eager no-grad results drop their inputs: nothing will walk back through them.

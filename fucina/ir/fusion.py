@@ -20,10 +20,13 @@ import numpy as np
 
 from ..dtypes import DType
 from ..kernels import codegen as cg
+from ..kernels import user_fns
 from ..kernels.elementwise import BINARY, COMPARE, SCALAR, UNARY
+from ..runtime.raw import contiguous_strides
 from .graph import Node
 
-EW_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy"})
+EW_OPS = frozenset({"binary", "compare", "unary", "scalar", "where", "cast", "copy",
+                    "elemental"})
 _NO_FUSE_BINARY = frozenset({"div_trunc", "div_floor", "rem", "mod"})
 _REDUCE_FNS = frozenset({"sum", "mean", "max", "min", "prod"})
 
@@ -54,6 +57,8 @@ def fusable(n: Node) -> bool:
         return fn in SCALAR
     if n.op == "compare":
         return fn in COMPARE
+    if n.op == "elemental":  # a user scalar function: a call in the kernel
+        return True
     if n.op == "cast":
         src, dst = n.inputs[0].dtype, n.dtype
         # float->int casts saturate (NaN -> 0): keep them on the reference path.
@@ -93,14 +98,6 @@ class Group:
         return tuple(self.full_shape[a] for a in self.kept_axes) or (1,)
 
 
-def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
-
-
 class Fuser:
     """Assigns every compute node to a group (kernel) or to the reference path."""
 
@@ -128,7 +125,7 @@ class Fuser:
         val = v.value
         if tuple(val.shape) != g.full_shape or val.offset != p.value.offset:
             return None
-        kc = _contig(tuple(g.full_shape[a] for a in g.kept_axes))
+        kc = contiguous_strides(tuple(g.full_shape[a] for a in g.kept_axes))
         for k, a in enumerate(g.kept_axes):
             if g.full_shape[a] != 1 and val.strides[a] != kc[k]:
                 return None
@@ -177,6 +174,63 @@ class Fuser:
             return self._add_reduce(n)
         self.ref_deps[id(n)] = {u for v in n.inputs if (u := self._unit(v)) is not None}
         return None
+
+    def merge_into_readers(self, placed: list[tuple[Node, Group | None]]) -> None:
+        """Fold each pointwise kernel into the one kernel that reads its values.
+
+        Placement joins a node to the kernel of one of its inputs' producers, so a
+        chain that starts from program inputs (``v * beta2`` in an optimizer
+        update) or from a reference step's result opens a kernel of its own. When
+        all of a kernel's values are read, directly (not through views), by one
+        other pointwise kernel of the same shape, and nothing it reads depends on
+        that kernel, its members move to the front of the reader: one launch and
+        no buffer in between. Folds cascade in creation order.
+        """
+        readers: dict[int, set[tuple[str, int]]] = {}
+        direct: dict[int, bool] = {}  # gid -> every outside read of it is direct
+        for n, g in placed:
+            unit = ("g", g.gid) if g is not None else ("r", id(n))
+            for v in n.inputs:
+                p = self.producer(v)
+                pg = self.group_of.get(id(p))
+                if pg is not None and pg is not g:
+                    readers.setdefault(pg.gid, set()).add(unit)
+                    if v is not p:
+                        direct[pg.gid] = False
+        moved: dict[int, int] = {}  # gid -> the group its members went to
+
+        def home(gid: int) -> int:
+            while gid in moved:
+                gid = moved[gid]
+            return gid
+
+        for a in self.groups:
+            if a.raxes or not a.members:
+                continue
+            rs = {(kind, home(i) if kind == "g" else i) for kind, i in readers.get(a.gid, ())}
+            if len(rs) != 1 or not direct.get(a.gid, True):
+                continue
+            kind, bid = next(iter(rs))
+            b = self.groups[bid] if kind == "g" else None
+            if b is None or b is a or b.raxes or b.full_shape != a.full_shape \
+                    or b.has_index != a.has_index:
+                continue
+            if any(self._depends(b, d) for d in a.deps):
+                continue  # a reads a step that reads b: folding would make a cycle
+            b.members[:0] = a.members
+            for m in a.members:
+                b.level[id(m)] = "kept"
+                self.group_of[id(m)] = b
+            b.deps |= a.deps
+            b.deps.discard(("g", a.gid))
+            a.members = []
+            a.deps = set()
+            moved[a.gid] = b.gid
+            for g in self.groups:  # a's other readers were b's members: now b itself
+                if ("g", a.gid) in g.deps:
+                    g.deps.discard(("g", a.gid))
+                    if g is not b:
+                        g.deps.add(("g", b.gid))
 
     def _join(self, n: Node, g: Group, level: str) -> Group:
         g.members.append(n)
@@ -257,14 +311,6 @@ class Fuser:
 
 
 @dataclass
-class Binding:
-    """How a kernel operand maps to a program value at run time."""
-
-    node: Node          # the value node (its storage is the buffer)
-    level: str
-
-
-@dataclass
 class BuiltKernel:
     """A group turned into a spec plus the per-call integer arguments."""
 
@@ -301,6 +347,9 @@ def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]
         return SCALAR[fn].template.format(x=names[0], p0=param(n.attrs["value"])), params
     if op == "where":
         return f"({names[1]} if {names[0]} else {names[2]})", params
+    if op == "elemental":
+        pnames = [param(v) for v in n.attrs.get("params", ())]
+        return f"uf_{fn}({', '.join(names + pnames)})", params
     if op == "cast":
         if n.dtype is DType.bool:
             return f"({names[0]} != 0)", params
@@ -311,8 +360,8 @@ def _render(n: Node, names: list[str], pidx: list[int]) -> tuple[str, list[Any]]
 def param_value(n: Node, value: Any) -> Any:
     """A scalar parameter in the dtype the reference kernel computes with."""
     dt = n.inputs[0].dtype.storage
-    if n.op == "unary":
-        return value  # the template decides (seeds stay integers)
+    if n.op in ("unary", "elemental"):
+        return value  # the template (or the user function) decides: seeds stay integers
     if n.op == "compare" and dt.kind in "iub":
         return np.float64(value) if float(value) != int(value) else np.int64(value)
     with np.errstate(all="ignore"):
@@ -372,8 +421,8 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
         else:
             table.append(([st[a] if full[a] != 1 else 0 for a in loop_axes], "full",
                           v.value.offset))
-    fc = _contig(full)
-    kc = _contig(tuple(full[a] for a in kept_axes))
+    fc = contiguous_strides(full)
+    kc = contiguous_strides(tuple(full[a] for a in kept_axes))
     for n in outputs:
         if g.level[id(n)] == "kept" and g.raxes:
             table.append((list(kc), "kept", 0))
@@ -416,8 +465,10 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
     if not g.raxes:  # a pure pointwise kernel computes everything at one level
         steps = [cg.Step(s.kind, "kept", s.dtype, s.expr, s.arg, s.fn, s.deps) for s in steps]
     parallel = nk >= 1 and math.prod(full) >= parallel_min and loop_sizes[0] >= 2
+    user = tuple(sorted({n.attrs["fn"] for n in g.members if n.op == "elemental"}))
     spec = cg.KernelSpec(nk, nr, in_ops, out_ops, tuple(steps), len(params), parallel,
-                         uses_index)
+                         uses_index, user_fns=user,
+                         cache=all(user_fns.get(k).cacheable for k in user))
     return BuiltKernel(spec, [v for v, _ in inputs], outputs, int_args, params,
                        list(g.members), loop_sizes)
 

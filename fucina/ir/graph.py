@@ -35,7 +35,7 @@ class Node:
         return self.value.shape
 
     @property
-    def dtype(self):  # noqa: ANN201 - DType
+    def dtype(self):
         """Result dtype."""
         return self.value.dtype
 

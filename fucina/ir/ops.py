@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import DType
+from ..errors import InvalidDataLength
 from ..runtime.raw import RawTensor
 
 Meta = tuple[tuple[int, ...], DType]
@@ -61,8 +62,28 @@ def reshape_layout(x: RawTensor, attrs: dict[str, Any]) -> RawTensor:
 
 
 def strided_layout(x: RawTensor, attrs: dict[str, Any]) -> RawTensor:
-    """Raw shape/strides/offset relative to the input's first element."""
-    return x.view(tuple(attrs["shape"]), tuple(attrs["strides"]), x.offset + attrs["offset"])
+    """Raw shape/strides/offset relative to the input's first element.
+
+    The view may reach any element of the storage, so its extent is checked
+    against the storage size: at once when the size is known (a real buffer or
+    a traced intermediate), else recorded on a traced input's storage and
+    checked by the program when the argument is bound.
+    """
+    shape, strides = tuple(attrs["shape"]), tuple(attrs["strides"])
+    offset = x.offset + attrs["offset"]
+    need = offset + sum((d - 1) * s for d, s in zip(shape, strides)) + 1
+    st = x.storage
+    size = st.buf.size if st.buf is not None else getattr(st, "size", None)
+    if size is None:
+        st.need = max(st.need, need)  # type: ignore[attr-defined]
+    elif need > size:
+        raise InvalidDataLength(extent_message(need - 1, size))
+    return x.view(shape, strides, offset)
+
+
+def extent_message(last: int, size: int) -> str:
+    """The error text of a strided view that reaches past its storage."""
+    return f"view_with_strides: the view reaches element {last}, storage holds {size}"
 
 
 def merge_layout(x: RawTensor, attrs: dict[str, Any]) -> RawTensor:
@@ -133,8 +154,9 @@ def _contract(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
 
 
 def _with_axis_len(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta:
+    # The positions come from the attributes or, as a traced value, a rank-1 i64 input.
     shape = list(ins[0].shape)
-    shape[attrs["axis"]] = len(attrs["index"])
+    shape[attrs["axis"]] = ins[1].shape[0] if len(ins) > 1 else len(attrs["index"])
     return tuple(shape), ins[0].dtype
 
 
@@ -181,8 +203,8 @@ _op("reduce", infer=_reduce)
 _op("scan", infer=_same)  # inclusive cumsum/cumprod along ``axis`` (``reverse``: suffix scan)
 _op("argmax", infer=_argmax, differentiable=False)
 _op("contract", infer=_contract)
-_op("gather", infer=_with_axis_len)
-_op("scatter_axis_add", infer=_scatter_axis)
+_op("gather", infer=_with_axis_len)  # positions: attrs["index"] or input 1 (i64, rank 1)
+_op("scatter_axis_add", infer=_scatter_axis)  # gather's adjoint, positions the same way
 _op("index_add", infer=_same)
 _op("set_index", infer=_same)
 _op("concat", infer=_concat)
@@ -195,8 +217,3 @@ _op("scatter_flat_add", infer=_given_shape)
 _op("embed_view", infer=_embed)
 _op("fill", infer=_fill, differentiable=False)
 _op("dequantize", infer=lambda ins, attrs: (ins[0].shape, DType.f32), differentiable=False)
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    """Element count of ``shape``."""
-    return math.prod(shape)

@@ -43,8 +43,11 @@ def format_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> list
     return lines
 
 
-def format_program(prog: Any) -> str:
-    """The optimized program: inputs, views, each kernel with the ops it covers, other ops."""
+def format_program(prog: Any, input_notes: list[str] | None = None) -> str:
+    """The optimized program: inputs, views, each kernel with the ops it covers, other ops.
+
+    ``input_notes`` says where each input comes from (an argument, a captured tensor).
+    """
     names: dict[int, str] = {}
     for k, n in enumerate(prog.inputs):
         names[id(n)] = f"%in{k}"
@@ -52,8 +55,9 @@ def format_program(prog: Any) -> str:
         if id(n) not in names:
             names[id(n)] = f"%{len(names)}"
     out = ["program:"]
-    for n in prog.inputs:
-        out.append(f"  {names[id(n)]} : {_type(n)}")
+    for k, n in enumerate(prog.inputs):
+        note = f"   ({input_notes[k]})" if input_notes and k < len(input_notes) else ""
+        out.append(f"  {names[id(n)]} : {_type(n)}{note}")
     for n in prog.nodes:
         if n.op in ("const", "variable"):
             out.append(f"  {names[id(n)]} = {n.op} : {_type(n)}")
@@ -69,9 +73,18 @@ def format_program(prog: Any) -> str:
             stored = {id(n) for n in b.outputs}
             for line, n in zip(format_nodes(b.members, names), b.members):
                 out.append("    " + line + ("   -> stored" if id(n) in stored else ""))
+        elif st.kind == "check":
+            n = st.node
+            idx = ", ".join(names.get(id(i), "?") for i in n.inputs[1:2])
+            out.append(f"  check {idx}: index values in range for {names[id(n)]} = {n.op} "
+                       "(IndexOutOfBounds before any read)")
         else:
             n = st.node
             note = st.gemm.describe() if st.gemm is not None else "reference kernel"
             out.append("  " + format_nodes([n], names)[0] + f"   ({note})")
+    copied = {id(v) for _, v in getattr(prog, "copies", ())}
+    for k, v in getattr(prog, "writes", ()):
+        how = "copied after the last step" if id(v) in copied else "stored in place by its kernel"
+        out.append(f"  write %in{k} <- {names.get(id(v), '?')}   ({how})")
     out.append("  return " + ", ".join(names.get(id(o), "?") for o in prog.outputs))
     return "\n".join(out)

@@ -15,11 +15,14 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numba
+
+from ..runtime.lru import LRU
 
 _VERSION = "2"  # bump when generated code conventions change
 
@@ -28,7 +31,7 @@ def _deps_hash() -> str:
     """Hash of the modules generated kernels inline: a change there invalidates them."""
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for name in ("scalar_fns.py", "vecmath.py", "codegen.py"):
+    for name in ("scalar_fns.py", "vecmath.py", "codegen.py", "user_fns.py"):
         p = here / name
         if p.exists():
             h.update(p.read_bytes())
@@ -49,16 +52,30 @@ def cache_dir() -> Path:
 
 @dataclass
 class CacheInfo:
-    """Kernel cache counters for this process."""
+    """Cache counters and sizes for this process.
+
+    ``compiled``/``memory_hits``/``disk_hits`` count kernel loads, ``kernels``
+    the kernels loaded so far. Every cache is bounded (least recently used
+    entries dropped): ``kernel_cache`` (generated kernels held in memory),
+    ``plan_cache`` (eager op signatures), ``gemm_plan_cache`` (GEMM plans per
+    shape/stride signature) and ``program_cache`` (traced programs held by live
+    compiled functions; the bound is per function) each report ``(size, maxsize)``.
+    """
 
     compiled: int = 0
     memory_hits: int = 0
     disk_hits: int = 0
     kernels: int = 0
+    kernel_cache: tuple[int, int] = (0, 0)
+    plan_cache: tuple[int, int] = (0, 0)
+    gemm_plan_cache: tuple[int, int] = (0, 0)
+    program_cache: tuple[int, int] = (0, 0)
 
     def __repr__(self) -> str:
         return (f"CacheInfo(compiled={self.compiled}, memory_hits={self.memory_hits}, "
-                f"disk_hits={self.disk_hits}, kernels={self.kernels})")
+                f"disk_hits={self.disk_hits}, kernels={self.kernels}, "
+                f"kernel_cache={self.kernel_cache}, plan_cache={self.plan_cache}, "
+                f"gemm_plan_cache={self.gemm_plan_cache}, program_cache={self.program_cache})")
 
 
 _INFO = CacheInfo()
@@ -68,20 +85,30 @@ _LOCK = threading.Lock()
 class Kernel:
     """A generated kernel: its source, a stable name and the Numba dispatcher."""
 
-    __slots__ = ("name", "source", "fn", "_first", "signature_seen")
+    __slots__ = ("name", "source", "fn", "_first", "user_fns")
 
-    def __init__(self, name: str, source: str, fn: Any):
+    def __init__(self, name: str, source: str, fn: Any, user_fns: tuple[str, ...] = ()):
         self.name = name
         self.source = source
         self.fn = fn
         self._first = True
-        self.signature_seen: set[tuple[Any, ...]] = set()
+        self.user_fns = user_fns  # registry keys of the user scalar functions it calls
 
     def __call__(self, *args: Any) -> None:
-        self.fn(*args)
+        try:
+            self.fn(*args)
+        except numba.core.errors.NumbaError as e:
+            if not self.user_fns:
+                raise
+            # user code Numba cannot compile: say whose, as a TypeError
+            from .user_fns import compile_failure
+
+            raise compile_failure(self.user_fns, e) from e
         if self._first:
-            self._first = False
-            _account(self.fn)
+            with _LOCK:  # several threads may finish a first call at once: count it once
+                first, self._first = self._first, False
+            if first:
+                _account(self.fn)
 
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"
@@ -97,7 +124,10 @@ def _account(fn: Any) -> None:
             _INFO.compiled += 1
 
 
-_MEMORY: dict[str, Kernel] = {}
+#: Generated kernels kept loaded in memory (least recently used dropped; a program or
+#: plan holding a kernel keeps it alive regardless).
+KERNEL_CACHE_SIZE = 2048
+_MEMORY = LRU(KERNEL_CACHE_SIZE)
 
 
 def load(source: str) -> Kernel:
@@ -106,11 +136,13 @@ def load(source: str) -> Kernel:
                          ).hexdigest()[:20]
     k = _MEMORY.get(key)
     if k is not None:
-        _INFO.memory_hits += 1
+        with _LOCK:
+            _INFO.memory_hits += 1
         return k
     with _LOCK:
         k = _MEMORY.get(key)
         if k is not None:
+            _INFO.memory_hits += 1
             return k
         path = _write(key, source)
         modname = f"fucina_kernel_{key}"
@@ -119,8 +151,9 @@ def load(source: str) -> Kernel:
         module = importlib.util.module_from_spec(spec)
         sys.modules[modname] = module
         spec.loader.exec_module(module)
-        k = Kernel(f"k_{key}", source, module.kernel)
-        _MEMORY[key] = k
+        k = Kernel(f"k_{key}", source, module.kernel, getattr(module, "USER_FNS", ()))
+        for old in _MEMORY.put(key, k):
+            sys.modules.pop(f"fucina_kernel_{old.name[2:]}", None)
         _INFO.kernels += 1
         return k
 
@@ -149,6 +182,15 @@ def _write(key: str, source: str, retry: bool = True) -> Path:
     return _write(key, source, retry=False)
 
 
+#: name -> () -> (size, maxsize) of a cache kept by a higher layer (eager plans, programs).
+SIZE_SOURCES: dict[str, Callable[[], tuple[int, int]]] = {}
+
+
 def cache_info() -> CacheInfo:
-    """Counters: kernels compiled in this process, memory hits and disk-cache hits."""
-    return CacheInfo(_INFO.compiled, _INFO.memory_hits, _INFO.disk_hits, _INFO.kernels)
+    """Kernel load counters, and the size and bound of every cache."""
+    with _LOCK:
+        info = CacheInfo(_INFO.compiled, _INFO.memory_hits, _INFO.disk_hits, _INFO.kernels)
+    info.kernel_cache = (len(_MEMORY), _MEMORY.maxsize)
+    for name, source in SIZE_SOURCES.items():
+        setattr(info, name, source())
+    return info

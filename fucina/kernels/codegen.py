@@ -13,7 +13,14 @@ Within one outer iteration, reductions run in phases: a reduction whose input
 needs an earlier reduction's result (softmax's sum after its max) runs in a
 later inner loop over the same row, which is still in cache. Full-level
 expressions are recomputed in each inner loop that needs them rather than
-stored.
+stored, except one expensive value the output is made of (softmax's exp): that
+is written to the output in the reduction pass and rescaled in place after.
+
+When the reduced axes are strided and the innermost kept axis is contiguous (a
+sum over a leading or middle axis), the loops swap: the innermost kept axis is
+cut into blocks, and each block keeps a row of accumulators that the reduced
+axes stream whole contiguous rows into, instead of walking each output's
+reduced elements one huge stride apart.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ _CTOR = {
     "bool": "np.bool_",
 }
 
-# fastmath without nnan/ninf: the NaN and inf semantics of the ops must survive.
-FASTMATH = '{"nsz", "arcp", "contract", "afn", "reassoc"}'
+# fastmath without nnan/ninf: the NaN and inf semantics of the ops must survive. No arcp
+# either: it turns a loop-invariant ``x / d`` into ``x * (1 / d)``, which is inf for a
+# tiny d (1e-40) where the quotient itself is finite.
+FASTMATH = '{"nsz", "contract", "afn", "reassoc"}'
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,8 @@ class KernelSpec:
     nparams: int
     parallel: bool
     uses_index: bool = False
+    user_fns: tuple[str, ...] = ()  # keys of user scalar functions the steps call
+    cache: bool = True  # False: a user function without a stable fingerprint
 
 
 class _Writer:
@@ -122,8 +133,9 @@ def _reduce_update(fn: str, acc: str, val: str) -> str:
     return f"{acc} = sf.minimum_nan({acc}, {val})"
 
 
-def _closure(steps: tuple[Step, ...], roots: list[int], level: str) -> list[int]:
-    """Steps of ``level`` that ``roots`` need, in step order."""
+def _closure(steps: tuple[Step, ...], roots: list[int], level: str,
+             leaves: frozenset[int] = frozenset()) -> list[int]:
+    """Steps of ``level`` that ``roots`` need, in step order (``leaves`` not expanded)."""
     need: set[int] = set()
     stack = list(roots)
     while stack:
@@ -132,17 +144,80 @@ def _closure(steps: tuple[Step, ...], roots: list[int], level: str) -> list[int]
             continue
         need.add(k)
         st = steps[k]
-        deps = list(st.deps)
-        if st.kind == "reduce":
-            deps = []
-        stack.extend(deps)
+        if st.kind != "reduce" and k not in leaves:
+            stack.extend(st.deps)
     return sorted(need)
+
+
+#: A swapped reduction accumulates this many outputs of the innermost kept axis at once:
+#: the accumulator rows stay in L1 while each reduced step streams one contiguous block.
+SWAP_BLOCK = 512
+
+# Expression fragments that mark a value as costly to recompute (a function call).
+_EXPENSIVE = ("sf.", "vm.", "math.", "uf_")
+
+
+def _kept_phases(steps: tuple[Step, ...]) -> dict[int, int]:
+    """Reduction pass after which each kept-level step is available (0: before any)."""
+    kept_phase: dict[int, int] = {}
+    for k, st in enumerate(steps):
+        if st.level != "kept":
+            continue
+        if st.kind == "reduce":
+            full = _closure(steps, [st.arg], "full")
+            kdeps = {d for f in full for d in steps[f].deps if steps[d].level == "kept"}
+            kept_phase[k] = 1 + max((kept_phase[d] for d in kdeps), default=0)
+        else:
+            kept_phase[k] = max((kept_phase[d] for d in st.deps), default=0)
+    return kept_phase
+
+
+def swapped(spec: KernelSpec) -> bool:
+    """Whether the reduced axes run outside the innermost kept axis.
+
+    True when the full-level inputs are contiguous along the innermost kept
+    axis but none is along the innermost reduced one: walking the reduced axes
+    inside would read one element per cache line.
+    """
+    nk, nr = spec.nk, spec.nr
+    if nk == 0 or nr == 0 or spec.uses_index:
+        return False
+    loads = [spec.inputs[st.arg] for st in spec.steps if st.kind == "load" and st.level == "full"]
+    return any(op.pattern[nk - 1] == UNIT for op in loads) and not any(
+        op.pattern[nk + nr - 1] == UNIT for op in loads)
+
+
+def stored_value(spec: KernelSpec) -> int | None:
+    """The step the last reduction pass writes to the single full-level output.
+
+    A costly full-level value (a function call, e.g. softmax's exp) that both
+    the last reduction pass and the output need: the pass stores it into the
+    output and the write pass reads it back and finishes it in place, so it is
+    computed once. Only when the write pass then reads no input at all (so it
+    never sees an input the pass could have overwritten through an aliased
+    output) and the value has the output's dtype (the round trip is exact).
+    """
+    steps = spec.steps
+    fulls = [(op, k) for op, k in spec.outputs if op.level == "full"]
+    phases = _kept_phases(steps)
+    nphases = max(phases.values(), default=0)
+    if spec.nr == 0 or nphases == 0 or len(fulls) != 1:
+        return None
+    op, kout = fulls[0]
+    last = [k for k, st in enumerate(steps) if st.kind == "reduce" and phases[k] == nphases]
+    in_pass = set(_closure(steps, [steps[k].arg for k in last], "full"))
+    for x in reversed(_closure(steps, [kout], "full")):
+        st = steps[x]
+        if x in in_pass and st.kind == "ew" and st.dtype == op.dtype \
+                and any(t in st.expr for t in _EXPENSIVE):
+            rest = _closure(steps, [kout], "full", frozenset({x}))
+            return x if all(steps[f].kind != "load" for f in rest) else None
+    return None
 
 
 def generate(spec: KernelSpec) -> str:
     """Python source of a module defining ``kernel`` for ``spec``."""
     nk, nr = spec.nk, spec.nr
-    steps = spec.steps
     w = _Writer()
     args: list[str] = []
     names_in = [f"in{j}" for j in range(len(spec.inputs))]
@@ -161,71 +236,96 @@ def generate(spec: KernelSpec) -> str:
     w(0, "from numba import njit, prange")
     w(0, "from fucina.kernels import scalar_fns as sf")
     w(0, "from fucina.kernels import vecmath as vm")
+    if spec.user_fns:
+        w(0, "from fucina.kernels import user_fns as uf")
+        w(0, "")
+        w(0, f"USER_FNS = {spec.user_fns!r}")
+        for key in spec.user_fns:  # user scalar functions, bound by registry key
+            w(0, f'uf_{key} = uf.dispatcher("{key}")')
     w(0, "")
     w(0, "")
     par = "True" if spec.parallel else "False"
     # error_model numpy: x / 0 is inf or nan, as in the reference kernels, not an exception.
-    w(0, f"@njit(cache=True, fastmath={FASTMATH}, parallel={par}, nogil=True, "
+    w(0, f"@njit(cache={spec.cache}, fastmath={FASTMATH}, parallel={par}, nogil=True, "
          'error_model="numpy")')
     w(0, f"def kernel({', '.join(args)}):")
-    kloops = [f"k{a}" for a in range(nk)]
+    if swapped(spec):
+        _swapped_body(spec, w, names_in, names_out, operands)
+    else:
+        _row_body(spec, w, names_in, names_out, operands)
+    w(0, "")
+    return "\n".join(w.lines) + "\n"
+
+
+def _emit_step(spec: KernelSpec, w: _Writer, names_in: list[str], d: int, k: int,
+               axes: list[int], loops: list[str]) -> None:
+    """``v<k> = ...`` for a load or elementwise step; loads walk ``axes`` with ``loops``."""
+    st = spec.steps[k]
+    if st.kind == "load":
+        name = names_in[st.arg]
+        idx = _index_expr(name, spec.inputs[st.arg].pattern, axes, loops, f"b_{name}")
+        # Unsigned indices: a signed index makes Numba emit a wraparound select
+        # per access, which stops LLVM from vectorizing (measured: 12x slower).
+        w(d, f"v{k} = {_CTOR[st.dtype]}({name}[np.uint64({idx})])")
+    elif st.kind == "ew":
+        w(d, f"v{k} = {_CTOR[st.dtype]}({st.expr})")
+
+
+def _open_kept_loops(spec: KernelSpec, w: _Writer, operands: list[tuple[str, Operand]],
+                     nloops: int) -> int:
+    """The first ``nloops`` kept loops (the first parallel); returns the body depth."""
     depth = 1
-    if nk == 0:
+    if spec.nk == 0:
         w(depth, "if True:")
         depth += 1
-    for a in range(nk):
+    for a in range(nloops):
         rng = "prange" if (a == 0 and spec.parallel) else "range"
         w(depth, f"for k{a} in {rng}(n{a}):")
         depth += 1
-    # Operand bases over the kept loops.
+    return depth
+
+
+def _bases(spec: KernelSpec, w: _Writer, operands: list[tuple[str, Operand]],
+           depth: int) -> None:
+    kloops = [f"k{a}" for a in range(spec.nk)]
     for name, op in operands:
-        w(depth, f"b_{name} = " + _index_expr(name, op.pattern, list(range(nk)), kloops,
+        w(depth, f"b_{name} = " + _index_expr(name, op.pattern, list(range(spec.nk)), kloops,
                                                f"off_{name}"))
+
+
+def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list[str],
+              operands: list[tuple[str, Operand]]) -> None:
+    """Kept axes outside, reduced axes inside: one output row per outer iteration."""
+    nk, nr = spec.nk, spec.nr
+    steps = spec.steps
+    depth = _open_kept_loops(spec, w, operands, nk)
+    _bases(spec, w, operands, depth)
     if spec.uses_index:
         flat = "0"
         for a in range(nk):
             flat = f"({flat}) * n{a} + k{a}" if a else f"k{a}"
         w(depth, f"i = {flat}")
+    raxes = list(range(nk, nk + nr))
+    rloops = [f"r{a}" for a in range(nr)]
 
-    def emit_step(d: int, k: int, inner: bool) -> None:
-        st = steps[k]
-        if st.kind == "load":
-            name = names_in[st.arg]
-            op = spec.inputs[st.arg]
-            if inner:
-                idx = _index_expr(name, op.pattern, list(range(nk, nk + nr)),
-                                  [f"r{a}" for a in range(nr)], f"b_{name}")
-            else:
-                idx = f"b_{name}"
-            # Unsigned indices: a signed index makes Numba emit a wraparound select
-            # per access, which stops LLVM from vectorizing (measured: 12x slower).
-            w(d, f"v{k} = {_CTOR[st.dtype]}({name}[np.uint64({idx})])")
-        elif st.kind == "ew":
-            w(d, f"v{k} = {_CTOR[st.dtype]}({st.expr})")
+    def emit(d: int, k: int, inner: bool) -> None:
+        _emit_step(spec, w, names_in, d, k, raxes if inner else [], rloops if inner else [])
 
-    # Kernel-level (kept) phases.
-    kept_phase: dict[int, int] = {}
-    for k, st in enumerate(steps):
-        if st.level != "kept":
-            continue
-        if st.kind == "reduce":
-            full = _closure(steps, [st.arg], "full")
-            kdeps = {d for f in full for d in steps[f].deps if steps[d].level == "kept"}
-            kept_phase[k] = 1 + max((kept_phase[d] for d in kdeps), default=0)
-        else:
-            kept_phase[k] = max((kept_phase[d] for d in st.deps), default=0)
+    kept_phase = _kept_phases(steps)
     nphases = max(kept_phase.values(), default=0)
+    stored = stored_value(spec)
+    full_outs = [(op, k, name) for (op, k), name in zip(spec.outputs, names_out)
+                 if op.level == "full"]
     done: set[int] = set()
 
     def emit_kept(phase: int) -> None:
         for k, st in enumerate(steps):
             if st.level == "kept" and st.kind != "reduce" and kept_phase[k] == phase \
                     and k not in done:
-                emit_step(depth, k, inner=False)
+                emit(depth, k, inner=False)
                 done.add(k)
 
     emit_kept(0)
-    rloops = [f"r{a}" for a in range(nr)]
     for phase in range(1, nphases + 1):
         reds = [k for k, st in enumerate(steps) if st.kind == "reduce" and kept_phase[k] == phase]
         for k in reds:
@@ -235,9 +335,13 @@ def generate(spec: KernelSpec) -> str:
             w(d, f"for r{a} in range(n{nk + a}):")
             d += 1
         for f in _closure(steps, [steps[k].arg for k in reds], "full"):
-            emit_step(d, f, inner=True)
+            emit(d, f, inner=True)
         for k in reds:
             w(d, _reduce_update(steps[k].fn, f"v{k}", f"v{steps[k].arg}"))
+        if stored is not None and phase == nphases:
+            op, _, name = full_outs[0]
+            idx = _index_expr(name, op.pattern, raxes, rloops, f"b_{name}")
+            w(d, f"{name}[np.uint64({idx})] = v{stored}")
         for k in reds:
             done.add(k)
             if steps[k].fn == "mean":
@@ -248,17 +352,127 @@ def generate(spec: KernelSpec) -> str:
     for (op, k), name in zip(spec.outputs, names_out):
         if op.level == "kept":
             w(depth, f"{name}[np.uint64(b_{name})] = v{k}")
-    full_outs = [(op, k, name) for (op, k), name in zip(spec.outputs, names_out)
-                 if op.level == "full"]
-    if full_outs:
+    if full_outs and not (stored is not None and full_outs[0][1] == stored):
         d = depth
         for a in range(nr):
             w(d, f"for r{a} in range(n{nk + a}):")
             d += 1
-        for f in _closure(steps, [k for _, k, _ in full_outs], "full"):
-            emit_step(d, f, inner=nr > 0)
+        leaves = frozenset() if stored is None else frozenset({stored})
+        for f in _closure(steps, [k for _, k, _ in full_outs], "full", leaves):
+            if f == stored:
+                op, _, name = full_outs[0]
+                idx = _index_expr(name, op.pattern, raxes, rloops, f"b_{name}")
+                w(d, f"v{f} = {name}[np.uint64({idx})]")
+            else:
+                emit(d, f, inner=nr > 0)
         for op, k, name in full_outs:
-            idx = _index_expr(name, op.pattern, list(range(nk, nk + nr)), rloops, f"b_{name}")
+            idx = _index_expr(name, op.pattern, raxes, rloops, f"b_{name}")
             w(d, f"{name}[np.uint64({idx})] = v{k}")
-    w(0, "")
-    return "\n".join(w.lines) + "\n"
+
+
+def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list[str],
+                  operands: list[tuple[str, Operand]]) -> None:
+    """Reduced axes outside a block of the innermost kept axis (see :func:`swapped`).
+
+    Every kept-level value is a row ``a<k>`` over the block; each pass over the
+    reduced axes streams contiguous blocks into the accumulator rows.
+    """
+    nk, nr = spec.nk, spec.nr
+    steps = spec.steps
+    last, blk = nk - 1, SWAP_BLOCK
+    depth = _open_kept_loops(spec, w, operands, nk - 1)
+    if nk == 1 and spec.parallel:
+        w(depth, f"for kb in prange((n{last} + {blk - 1}) // {blk}):")
+        depth += 1
+        w(depth, f"k{last} = kb * {blk}")
+    else:
+        w(depth, f"for k{last} in range(0, n{last}, {blk}):")
+        depth += 1
+    w(depth, f"kl = min({blk}, n{last} - k{last})")
+    _bases(spec, w, operands, depth)
+    kept = [k for k, st in enumerate(steps) if st.level == "kept"]
+    for k in kept:
+        w(depth, f"a{k} = np.empty({blk}, {_CTOR[steps[k].dtype]})")
+    axes = list(range(nk, nk + nr)) + [last]
+    loops = [f"r{a}" for a in range(nr)] + ["j"]
+
+    def rebind(d: int, needed: list[int], computed: set[int]) -> None:
+        deps = {x for f in needed for x in steps[f].deps
+                if steps[x].level == "kept" and x not in computed}
+        for x in sorted(deps):
+            w(d, f"v{x} = a{x}[j]")
+
+    def open_reduced() -> int:
+        d = depth
+        for a in range(nr):
+            w(d, f"for r{a} in range(n{nk + a}):")
+            d += 1
+        w(d, "for j in range(kl):")
+        return d + 1
+
+    kept_phase = _kept_phases(steps)
+    nphases = max(kept_phase.values(), default=0)
+    stored = stored_value(spec)
+    full_outs = [(op, k, name) for (op, k), name in zip(spec.outputs, names_out)
+                 if op.level == "full"]
+    done: set[int] = set()
+
+    def emit_kept(phase: int) -> None:
+        ks = [k for k in kept if steps[k].kind != "reduce" and kept_phase[k] == phase
+              and k not in done]
+        if not ks:
+            return
+        w(depth, "for j in range(kl):")
+        rebind(depth + 1, ks, set(ks))
+        for k in ks:
+            _emit_step(spec, w, names_in, depth + 1, k, [last], ["j"])
+            w(depth + 1, f"a{k}[j] = v{k}")
+        done.update(ks)
+
+    emit_kept(0)
+    for phase in range(1, nphases + 1):
+        reds = [k for k in kept if steps[k].kind == "reduce" and kept_phase[k] == phase]
+        w(depth, "for j in range(kl):")
+        for k in reds:
+            w(depth + 1, f"a{k}[j] = {_reduce_init(steps[k].fn, steps[k].dtype)}")
+        d = open_reduced()
+        closure = _closure(steps, [steps[k].arg for k in reds], "full")
+        rebind(d, closure, set())
+        for f in closure:
+            _emit_step(spec, w, names_in, d, f, axes, loops)
+        for k in reds:
+            w(d, _reduce_update(steps[k].fn, f"a{k}[j]", f"v{steps[k].arg}"))
+        if stored is not None and phase == nphases:
+            op, _, name = full_outs[0]
+            idx = _index_expr(name, op.pattern, axes, loops, f"b_{name}")
+            w(d, f"{name}[np.uint64({idx})] = v{stored}")
+        means = [k for k in reds if steps[k].fn == "mean"]
+        if means:
+            count = " * ".join(f"n{nk + a}" for a in range(nr))
+            w(depth, "for j in range(kl):")
+            for k in means:
+                w(depth + 1, f"a{k}[j] = a{k}[j] / {_CTOR[steps[k].dtype]}({count})")
+        done.update(reds)
+        emit_kept(phase)
+    kept_outs = [(op, k, name) for (op, k), name in zip(spec.outputs, names_out)
+                 if op.level == "kept"]
+    if kept_outs:
+        w(depth, "for j in range(kl):")
+        for op, k, name in kept_outs:
+            idx = _index_expr(name, op.pattern, [last], ["j"], f"b_{name}")
+            w(depth + 1, f"{name}[np.uint64({idx})] = a{k}[j]")
+    if full_outs and not (stored is not None and full_outs[0][1] == stored):
+        d = open_reduced()
+        leaves = frozenset() if stored is None else frozenset({stored})
+        closure = _closure(steps, [k for _, k, _ in full_outs], "full", leaves)
+        rebind(d, [f for f in closure if f != stored], set())
+        for f in closure:
+            if f == stored:
+                op, _, name = full_outs[0]
+                idx = _index_expr(name, op.pattern, axes, loops, f"b_{name}")
+                w(d, f"v{f} = {name}[np.uint64({idx})]")
+            else:
+                _emit_step(spec, w, names_in, d, f, axes, loops)
+        for op, k, name in full_outs:
+            idx = _index_expr(name, op.pattern, axes, loops, f"b_{name}")
+            w(d, f"{name}[np.uint64({idx})] = v{k}")

@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
+
+from ..rng import uniform53_jit
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,15 @@ _FT = (2.45550750702956, 0.893229853513558, 0.821226666969744, 2.44506634652299,
        0.814642734961073)
 
 
+_FT_SAT = 8.561566231624852  # where the rational reaches 1 (see scalar_fns.fast_tanh)
+
+
 def _fast_tanh64(x: np.ndarray) -> np.ndarray:
     a, b, c, d, e = _FT
     ax = np.abs(x)
     x2 = x * x
-    return (x * (a + a * ax + (b + c * ax) * x2)) / (d + (d + x2) * np.abs(x + e * x * ax))
+    r = (x * (a + a * ax + (b + c * ax) * x2)) / (d + (d + x2) * np.abs(x + e * x * ax))
+    return np.where(ax > _FT_SAT, np.sign(x), r)
 
 
 def _fast_tanh_grad64(x: np.ndarray) -> np.ndarray:
@@ -133,7 +140,7 @@ def _fast_tanh_grad64(x: np.ndarray) -> np.ndarray:
     dr = np.sign(q) * dq
     den = d + (d + x2) * r
     dden = 2.0 * x * r + (d + x2) * dr
-    return ((p + x * dp) * den - x * p * dden) / (den * den)
+    return np.where(ax > _FT_SAT, 0.0, ((p + x * dp) * den - x * p * dden) / (den * den))
 
 
 _K = 0.7978845608028654  # sqrt(2 / pi)
@@ -203,21 +210,18 @@ def _clamp_grad(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return ((x >= _typed(x, lo)) & (x <= _typed(x, hi))).astype(x.dtype)
 
 
-_U64 = np.uint64
-_GAMMA, _MIX1, _MIX2 = _U64(0x9E3779B97F4A7C15), _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+@njit(cache=True)
+def _keep_kernel(seed: np.uint64, threshold: float, out: np.ndarray) -> None:
+    for i in range(out.shape[0]):
+        out[i] = uniform53_jit(seed, np.uint64(i)) < threshold
 
 
 def dropout_keep_mask(seed: int, p: float, shape: tuple[int, ...]) -> np.ndarray:
     """Keep mask of dropout over ``shape``: element i (row-major) is kept iff the
     53-bit uniform of ``rng.at(seed, i)`` is below ``1 - p`` (p taken as f32)."""
-    n = int(np.prod(shape))
-    with np.errstate(over="ignore"):
-        z = _U64(seed) + (np.arange(n, dtype=np.uint64) + _U64(1)) * _GAMMA
-        z = (z ^ (z >> _U64(30))) * _MIX1
-        z = (z ^ (z >> _U64(27))) * _MIX2
-        z = z ^ (z >> _U64(31))
-    u = (z >> _U64(11)).astype(np.float64) * 2.0**-53
-    return (u < 1.0 - np.float64(np.float32(p))).reshape(shape)
+    out = np.empty(int(np.prod(shape)), dtype=np.bool_)
+    _keep_kernel(np.uint64(seed), 1.0 - np.float64(np.float32(p)), out)
+    return out.reshape(shape)
 
 
 def _dropout(x: np.ndarray, seed: int, p: float) -> np.ndarray:

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime.lru import LRU
+from .cache import SIZE_SOURCES
+
 
 @dataclass(frozen=True)
 class Side:
@@ -102,10 +105,31 @@ def _side(shape: tuple[int, ...], strides: tuple[int, ...], labels: tuple[int, .
     return Side("copy", bstr + (c, 1))
 
 
+#: Most GEMM signatures (shapes, strides, labels) a process keeps plans for: eager
+#: ``dot`` plans at run time, and re-planning costs more than a tiny GEMM itself.
+GEMM_PLAN_CACHE_SIZE = 1024
+PLANS = LRU(GEMM_PLAN_CACHE_SIZE)
+SIZE_SOURCES["gemm_plan_cache"] = lambda: (len(PLANS), PLANS.maxsize)
+
+
 def plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], la: tuple[int, ...],
          b_shape: tuple[int, ...], b_strides: tuple[int, ...], lb: tuple[int, ...],
          lo: tuple[int, ...]) -> GemmPlan:
-    """Decide the GEMM for operands with these shapes/strides (in elements) and labels."""
+    """Decide the GEMM for operands with these shapes/strides (in elements) and labels.
+
+    Plans are pure functions of their arguments, so they are cached per signature.
+    """
+    key = (a_shape, a_strides, la, b_shape, b_strides, lb, lo)
+    p = PLANS.get(key)
+    if p is None:
+        p = _plan(*key)
+        PLANS.put(key, p)
+    return p
+
+
+def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], la: tuple[int, ...],
+          b_shape: tuple[int, ...], b_strides: tuple[int, ...], lb: tuple[int, ...],
+          lo: tuple[int, ...]) -> GemmPlan:
     batch = tuple(x for x in lo if x in la and x in lb)
     m = tuple(x for x in lo if x in la and x not in lb)
     n = tuple(x for x in lo if x in lb and x not in la)
@@ -148,8 +172,21 @@ def _matrix_view(x: np.ndarray, labels: tuple[int, ...], batch: tuple[int, ...],
         order = [labels.index(lbl) for lbl in batch + rows + cols]
         return np.ascontiguousarray(x.transpose(order)).reshape(shape)
     item = x.itemsize
+    if x.flags.c_contiguous and side.orient == "N" and _contiguous(shape, side.strides):
+        return x.reshape(shape)  # a plain view: as_strided costs microseconds per call
     return np.lib.stride_tricks.as_strided(x, shape, tuple(s * item for s in side.strides),
                                            writeable=False)
+
+
+def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether element ``strides`` are the C-contiguous strides of ``shape`` (size-1 axes
+    may carry any stride)."""
+    want = 1
+    for d, st in zip(reversed(shape), reversed(strides)):
+        if d != 1 and st != want:
+            return False
+        want *= d
+    return True
 
 
 def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, ...],

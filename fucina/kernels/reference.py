@@ -158,18 +158,20 @@ def _axis_first(a: np.ndarray, axis: int) -> np.ndarray:
 
 @kernel("gather")
 def gather(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """Select positions ``index`` along ``axis``."""
-    return np.take(ins[0], attrs["index"], axis=attrs["axis"])
+    """Select positions ``index`` (attribute, or the i64 second input) along ``axis``."""
+    index = ins[1].reshape(-1) if len(ins) > 1 else attrs["index"]
+    return np.take(ins[0], index, axis=attrs["axis"])
 
 
 @kernel("scatter_axis_add")
 def scatter_axis_add(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
     """Zeros of length ``dim`` along ``axis`` with rows of the input added at ``index``."""
     g, axis = ins[0], attrs["axis"]
+    index = ins[1].reshape(-1) if len(ins) > 1 else attrs["index"]
     shape = list(g.shape)
     shape[axis] = attrs["dim"]
     res = np.zeros(shape, dtype=g.dtype)
-    np.add.at(_axis_first(res, axis), attrs["index"], _axis_first(g, axis))
+    np.add.at(_axis_first(res, axis), index, _axis_first(g, axis))
     return res
 
 
@@ -266,11 +268,14 @@ def scatter_flat_add(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -
 
 @kernel("embed_view")
 def embed_view(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """Adjoint of an affine view: zeros(in_shape) with g added at the viewed positions."""
+    """Adjoint of an affine view: zeros(in_shape) with g added at the viewed positions.
+
+    Positions the view reads more than once (broadcast axes, overlapping
+    windows) receive the sum of their gradients.
+    """
     g = ins[0]
     coeffs, base = attrs["coeffs"], attrs["base"]
-    # Broadcast axes (no input axis) read one element many times: sum them first,
-    # after which the remaining map is injective and a plain strided add is exact.
+    # Broadcast axes (no input axis) read one element many times: sum them first.
     bcast = tuple(k for k, row in enumerate(coeffs) if not any(row))
     if bcast:
         g = g.sum(axis=bcast, keepdims=True)
@@ -281,10 +286,36 @@ def embed_view(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.n
     strides = tuple(0 if k in bcast else sum(c * s for c, s in zip(row, cstr))
                     for k, row in enumerate(coeffs))
     off = sum(b * s for b, s in zip(base, cstr))
-    target = np.ndarray(shape, dtype=res.dtype, buffer=res, offset=off * item,
-                        strides=tuple(s * item for s in strides))
-    target += g
-    return res
+    if _one_to_one(shape, strides):
+        target = np.ndarray(shape, dtype=res.dtype, buffer=res, offset=off * item,
+                            strides=tuple(s * item for s in strides))
+        target += g
+        return res
+    # Overlapping windows (conv-style views): accumulate, in f64 like scatter_flat_add.
+    flat = np.full(shape, off, dtype=np.int64)
+    for k, (d, s) in enumerate(zip(shape, strides)):
+        if d > 1 and s:
+            axis_shape = [1] * len(shape)
+            axis_shape[k] = d
+            flat = flat + (np.arange(d, dtype=np.int64) * s).reshape(axis_shape)
+    summed = np.bincount(flat.reshape(-1), weights=g.reshape(-1).astype(np.float64),
+                         minlength=res.size)
+    return summed.astype(res.dtype).reshape(res.shape)
+
+
+def _one_to_one(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether distinct positions of a strided layout address distinct elements.
+
+    Sufficient test: sorted by stride, each axis steps past everything the
+    smaller-stride axes span (how any row-major sub-view nests). A layout that
+    fails it is treated as overlapping, which is exact either way.
+    """
+    span = 0
+    for s, d in sorted((s, d) for s, d in zip(strides, shape) if d > 1):
+        if s <= span:
+            return False
+        span += (d - 1) * s
+    return True
 
 
 @kernel("fill")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -10,59 +10,37 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType, as_dtype
-from ..errors import InvalidDataLength, InvalidShape
+from ..errors import Deinitialized, InvalidShape
 from .raw import RawTensor, check_shape
+from .values import fill_value, values_array
 
-
-def values_array(dtype: DType, shape: tuple[int, ...], values: Any) -> np.ndarray:
-    """Convert a host sequence/array to a flat storage array of ``shape``'s length."""
-    n = math.prod(shape)
-    if dtype.is_block:
-        if shape[-1] % dtype.block_size:
-            raise InvalidShape(f"innermost dimension {shape[-1]} is not a multiple of the "
-                               f"{dtype.value} block size {dtype.block_size}")
-        arr = np.asarray(values)
-        if arr.dtype != dtype.storage:
-            raise InvalidDataLength(
-                f"{dtype.value} blocks must be a numpy array of dtype {dtype.storage}, "
-                f"got {arr.dtype}")
-        need = n // dtype.block_size
-        if arr.size != need:
-            raise InvalidDataLength(f"got {arr.size} blocks, shape {shape} needs {need}")
-        return arr.reshape(-1)
-    try:
-        arr = np.asarray(values)
-    except (TypeError, ValueError) as e:
-        raise InvalidDataLength(f"values are not a flat sequence of numbers: {e}") from None
-    if arr.dtype == object:
-        raise InvalidDataLength("values are not a flat sequence of numbers")
-    arr = arr.reshape(-1)
-    if arr.size != n:
-        raise InvalidDataLength(f"got {arr.size} values, shape {shape} needs {n}")
-    if dtype is DType.bf16 and arr.dtype != np.uint16:
-        from ..kernels.cast import f32_to_bf16
-
-        return f32_to_bf16(arr.astype(np.float32))
-    with np.errstate(all="ignore"):
-        return arr.astype(dtype.storage)
+__all__ = ["ExecContext", "values_array"]
 
 
 class ExecContext:
     """Every tensor belongs to the context that created it; ops run on it.
 
     Exec scopes (``with ctx.exec_scope():``) release every op result made
-    inside when the block ends.
+    inside when the block ends. Scopes are per thread: a scope opened on one
+    thread adopts only the results that thread makes, so several threads can
+    run ops on one context at once. After ``deinit()`` the context and every
+    tensor it owns refuse use (``Deinitialized``).
     """
 
     def __init__(self) -> None:
-        self._scopes: list[list[Any]] = []
+        self._local = threading.local()
         self.closed = False
 
     # -- lifetime ---------------------------------------------------------------
 
     def deinit(self) -> None:
-        """Release the context (tensors keep their own storage alive)."""
+        """Close the context: its tensors (and new ones) raise ``Deinitialized`` from now."""
         self.closed = True
+
+    def check_open(self) -> None:
+        """Raise ``Deinitialized`` if the context was deinit'ed."""
+        if self.closed:
+            raise Deinitialized("the ExecContext was deinit'ed; its tensors cannot be used")
 
     def __enter__(self) -> ExecContext:
         return self
@@ -70,28 +48,41 @@ class ExecContext:
     def __exit__(self, *exc: object) -> None:
         self.deinit()
 
+    @property
+    def _scopes(self) -> list[list[Any]]:
+        """This thread's stack of open exec scopes (each a list of adopted results)."""
+        try:
+            return self._local.scopes
+        except AttributeError:
+            scopes: list[list[Any]] = []
+            self._local.scopes = scopes
+            return scopes
+
     @contextmanager
     def exec_scope(self) -> Iterator[ExecContext]:
-        """Adopt op results made inside the block and release them at its end."""
+        """Adopt op results made inside the block (on this thread); release them at its end."""
+        self.check_open()
+        scopes = self._scopes
         adopted: list[Any] = []
-        self._scopes.append(adopted)
+        scopes.append(adopted)
         try:
             yield self
         finally:
-            self._scopes.pop()
+            scopes.pop()
             for t in reversed(adopted):
                 t._release_from_scope()
 
     def adopt(self, tensor: Any) -> bool:
-        """Register an op result with the innermost open scope; True if adopted."""
-        if self._scopes:
-            self._scopes[-1].append(tensor)
+        """Register an op result with this thread's innermost open scope; True if adopted."""
+        scopes = self._scopes
+        if scopes:
+            scopes[-1].append(tensor)
             return True
         return False
 
     @property
     def scope_active(self) -> bool:
-        """True while an exec scope is open."""
+        """True while an exec scope is open on this thread."""
         return bool(self._scopes)
 
     # -- raw constructors (f32) -------------------------------------------------
@@ -124,12 +115,14 @@ class ExecContext:
 
     def from_slice_typed(self, dtype: Any, shape: Any, values: Any) -> RawTensor:
         """Copy ``values`` into a new raw tensor of ``dtype``."""
+        self.check_open()
         dt = as_dtype(dtype)
         shp = check_shape(shape)
         return RawTensor.from_array(dt, values_array(dt, shp, values), shp)
 
     def empty_typed(self, dtype: Any, shape: Any) -> RawTensor:
         """Uninitialized raw tensor of ``dtype``."""
+        self.check_open()
         return RawTensor.empty(as_dtype(dtype), check_shape(shape))
 
     def zeros_typed(self, dtype: Any, shape: Any) -> RawTensor:
@@ -142,14 +135,81 @@ class ExecContext:
 
     def full_typed(self, dtype: Any, shape: Any, value: Any) -> RawTensor:
         """``dtype`` raw tensor filled with ``value`` (cast by the dtype's rules)."""
+        self.check_open()
         dt = as_dtype(dtype)
         if dt.is_block:
             raise InvalidShape(f"{dt.value} tensors are built from blocks, not filled")
         shp = check_shape(shape)
         out = RawTensor.empty(dt, shp)
-        out.array()[...] = values_array(dt, (1,), [value])[0]
+        out.array()[...] = fill_value(dt, value)
         return out
 
     def scalar_typed(self, dtype: Any, value: Any) -> RawTensor:
         """Single-element raw tensor of ``dtype``."""
         return self.full_typed(dtype, (1,), value)
+
+    # -- RoPE tables (fucina.runtime.rope) ------------------------------------------
+
+    def prepare_rope_table(self, positions: Any, feature_dim: int, theta_base: float,
+                           inverse: bool = False) -> Any:
+        """A ``fucina.RopeTable`` for ``positions`` (sequence, numpy ints or integer tensor):
+        pair ``i`` at position ``p`` turns by ``p * theta_base**(-2i/feature_dim)``
+        (negated when ``inverse``)."""
+        from . import rope
+
+        return rope.prepare(_host(positions), feature_dim, theta_base, inverse)
+
+    def prepare_rope_table_factors(self, positions: Any, feature_dim: int, theta_base: float,
+                                   inverse: bool, freq_factors: Any) -> Any:
+        """``prepare_rope_table`` with each pair's frequency divided by ``freq_factors[i]``
+        (ggml ``rope_ext`` scaling: Llama-3 long context, Gemma global layers)."""
+        from . import rope
+
+        return rope.prepare(_host(positions), feature_dim, theta_base, inverse, freq_factors)
+
+    def prepare_rope_table_range(self, range: Any, feature_dim: int, theta_base: float,
+                                 inverse: bool = False) -> Any:
+        """``prepare_rope_table`` over the positions of a ``fucina.AxisRange``
+        (bitwise identical to the same run given as an array)."""
+        from . import rope
+
+        return rope.prepare(_range(range), feature_dim, theta_base, inverse)
+
+    def prepare_rope_table_factors_range(self, range: Any, feature_dim: int,
+                                         theta_base: float, inverse: bool,
+                                         freq_factors: Any) -> Any:
+        """``prepare_rope_table_factors`` over the positions of a ``fucina.AxisRange``."""
+        from . import rope
+
+        return rope.prepare(_range(range), feature_dim, theta_base, inverse, freq_factors)
+
+    def prepare_rope_table_inv_freqs_f64(self, pos0: int, count: int, inv_freq: Any,
+                                         inverse: bool = False) -> Any:
+        """A table for positions ``pos0 .. pos0 + count`` from per-pair f64 inverse
+        frequencies (angles accumulated in f64, rounded once to f32)."""
+        from . import rope
+
+        return rope.prepare_inv_freqs_f64(pos0, count, inv_freq, inverse)
+
+    def yarn_blend_inv_freqs_f64(self, dim: int, base: float, factor: float,
+                                 orig_ctx: int) -> np.ndarray:
+        """DeepSeek-family YaRN inverse frequencies (f64, ``dim / 2`` pairs); feed them to
+        ``prepare_rope_table_inv_freqs_f64``."""
+        from . import rope
+
+        return rope.yarn_blend_inv_freqs_f64(dim, base, factor, orig_ctx)
+
+
+def _host(positions: Any) -> Any:
+    """Positions given as a fucina tensor are read on the host (tables are host data)."""
+    if hasattr(positions, "_node_") and hasattr(positions, "numpy"):
+        return positions.numpy()
+    return positions
+
+
+def _range(r: Any) -> Any:
+    from .rope import AxisRange
+
+    if not isinstance(r, AxisRange):
+        raise TypeError(f"range must be a fucina.AxisRange, got {type(r).__name__}")
+    return r

@@ -22,3 +22,18 @@ def no_grad() -> Iterator[None]:
         yield
     finally:
         _state.depth -= 1
+
+
+@contextmanager
+def enable_grad() -> Iterator[None]:
+    """Re-enable gradient recording inside the block, whatever ``no_grad`` depth is active.
+
+    A checkpointed block re-runs with recording on while the backward walk
+    that triggered it runs under ``no_grad``.
+    """
+    saved = getattr(_state, "depth", 0)
+    _state.depth = 0
+    try:
+        yield
+    finally:
+        _state.depth = saved

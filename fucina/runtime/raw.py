@@ -9,14 +9,34 @@ carry shapes and layouts through a program without data.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..argnames import bad_argument
 from ..dtypes import DType
 from ..errors import InvalidDataLength, InvalidShape, UnsupportedView
-from .storage import Storage
+from .storage import Storage, SymbolicStorage
 
 MAX_RANK = 8
+#: Most elements a tensor may have (no allocation beyond it can succeed).
+MAX_ELEMENTS = 2**62
+
+_reads = threading.local()
+
+
+def set_read_observer(fn: Callable[[RawTensor], None] | None
+                      ) -> Callable[[RawTensor], None] | None:
+    """Call ``fn(raw)`` whenever host code reads a raw tensor's data on this thread.
+
+    ``fucina.compile`` observes reads while tracing: a captured tensor whose
+    values the traced Python code reads (a mask turned into indices) shapes the
+    trace, so its values are guarded. Returns the previous observer.
+    """
+    prev = getattr(_reads, "fn", None)
+    _reads.fn = fn
+    return prev
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -30,15 +50,21 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def check_shape(shape: object, rank: int | None = None) -> tuple[int, ...]:
-    """Validate a shape: a sequence of positive ints of the expected rank (1..8)."""
-    try:
-        dims: tuple[object, ...] = tuple(shape)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidShape(f"shape must be a sequence of ints, got {shape!r}") from None
+    """Validate a shape: a sequence of positive ints of the expected rank (1..8).
+
+    TypeError (naming the argument) for anything but a sequence of ints;
+    InvalidShape for sizes that are not positive, a wrong rank, or more
+    elements than any buffer can hold.
+    """
+    if isinstance(shape, np.ndarray) and shape.ndim == 1:
+        shape = shape.tolist()
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise TypeError(bad_argument("shape", shape, "a sequence of ints"))
+    dims: tuple[object, ...] = tuple(shape)
     out = []
     for d in dims:
         if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-            raise InvalidShape(f"shape entries must be ints, got {d!r} in {dims!r}")
+            raise TypeError(bad_argument("shape", shape, f"a sequence of ints ({d!r} is not)"))
         if d <= 0:
             raise InvalidShape(f"zero or negative dimension {int(d)} in shape {dims!r}")
         out.append(int(d))
@@ -46,6 +72,8 @@ def check_shape(shape: object, rank: int | None = None) -> tuple[int, ...]:
         raise InvalidShape(f"shape {tuple(out)} has rank {len(out)}, expected rank {rank}")
     if not 1 <= len(out) <= MAX_RANK:
         raise InvalidShape(f"raw rank must be 1..{MAX_RANK}, got shape {tuple(out)}")
+    if math.prod(out) > MAX_ELEMENTS:
+        raise InvalidShape(f"shape {tuple(out)} has more than 2**62 elements")
     return tuple(out)
 
 
@@ -74,7 +102,13 @@ class RawTensor:
     @classmethod
     def symbolic(cls, dtype: DType, shape: tuple[int, ...]) -> RawTensor:
         """A contiguous layout with no data (tracing)."""
-        return cls(Storage(None), dtype, shape, _storage_strides(dtype, shape))
+        return cls(SymbolicStorage(_storage_count(dtype, shape)), dtype, shape,
+                   _storage_strides(dtype, shape))
+
+    @classmethod
+    def symbolic_like(cls, raw: RawTensor) -> RawTensor:
+        """A traced stand-in for ``raw``: its layout from offset 0, storage size unknown."""
+        return cls(SymbolicStorage(None), raw.dtype, raw.shape, raw.strides, 0)
 
     @classmethod
     def from_array(cls, dtype: DType, arr: np.ndarray, shape: tuple[int, ...] | None = None,
@@ -139,6 +173,9 @@ class RawTensor:
 
     def array(self) -> np.ndarray:
         """numpy view in logical shape over storage elements (blocks: storage shape)."""
+        observer = getattr(_reads, "fn", None)
+        if observer is not None:
+            observer(self)
         buf = self.storage.buf
         assert buf is not None, "a symbolic tensor has no buffer"
         item = buf.itemsize
@@ -152,6 +189,9 @@ class RawTensor:
             raise UnsupportedView(
                 f"tensor with shape {self.shape} and strides {self.strides} is not contiguous; "
                 "materialize it first or use copy_to")
+        observer = getattr(_reads, "fn", None)
+        if observer is not None:
+            observer(self)
         n = _storage_count(self.dtype, self.shape)
         buf = self.storage.buf
         assert buf is not None, "a symbolic tensor has no buffer"

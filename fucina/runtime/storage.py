@@ -84,6 +84,23 @@ class Storage:
 
 
 
+class SymbolicStorage(Storage):
+    """The storage of a traced value: no buffer, only what a program knows about its size.
+
+    ``size`` is the element count when the trace knows it (an intermediate), None for
+    a program input (bound at call time). ``need`` is the element count the traced views
+    over it read (``strided`` views reach as far as their strides say), checked against
+    the real buffer when an input is bound.
+    """
+
+    __slots__ = ("size", "need")
+
+    def __init__(self, size: int | None = None):
+        super().__init__(None)
+        self.size = size
+        self.need = 0
+
+
 def storage_for(buf: np.ndarray, pooled: bool) -> Storage:
     """Storage for a fresh result; large pooled buffers get the recycling finalizer."""
     if pooled and buf.nbytes >= POOL_MIN_BYTES:

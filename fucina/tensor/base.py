@@ -172,8 +172,9 @@ class Tensor(metaclass=_TensorMeta):
     @property
     def _node(self) -> Node:
         node = self._node_
-        if node is None:
-            raise Deinitialized(f"{type(self)!r} tensor was deinit'ed or released by its scope")
+        if node is None or self._ctx.closed:
+            raise Deinitialized(f"{type(self)!r} tensor was deinit'ed, released by its scope, "
+                                "or its ExecContext was deinit'ed")
         return node
 
     @classmethod
@@ -189,13 +190,17 @@ class Tensor(metaclass=_TensorMeta):
             self._node_ = None
 
     def __repr__(self) -> str:
+        """numpy-style values (summarized with ``...`` when large), tags, shape, dtype
+        unless f32, and ``requires_grad``."""
         return tensor_repr(self)
 
     def __matmul__(self, other: object) -> Any:
+        """``@`` raises TypeError: a contraction names its tag (``a.dot(b, "k")``)."""
         raise TypeError("'@' is not supported: a contraction must name its tag, "
                         "e.g. a.dot(b, 'k')")
 
     def __rmatmul__(self, other: object) -> Any:
+        """``@`` raises TypeError: a contraction names its tag."""
         raise TypeError("'@' is not supported: a contraction must name its tag, "
                         "e.g. a.dot(b, 'k')")
 
@@ -214,10 +219,12 @@ class Tensor(metaclass=_TensorMeta):
         self._node_ = None
 
     def __enter__(self) -> Self:
+        """``with T.zeros(ctx, shape) as x:`` deinit's ``x`` when the block ends."""
         self._node  # noqa: B018 - raises Deinitialized
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Release the tensor (:meth:`deinit`) unless it already was."""
         if self._node_ is not None:
             self.deinit()
 
@@ -409,9 +416,11 @@ def new(cls: type, node: Node, ctx: ExecContext, *, op_result: bool = True) -> A
     obj._node_ = node
     obj._ctx = ctx
     obj._scoped = False
-    if op_result and ctx._scopes:
-        ctx._scopes[-1].append(obj)
-        obj._scoped = True
+    if op_result:
+        scopes = ctx._scopes  # this thread's open exec scopes
+        if scopes:
+            scopes[-1].append(obj)
+            obj._scoped = True
     return obj
 
 

@@ -14,6 +14,8 @@ families shared by all branches and the root :class:`Tensor`.
 from __future__ import annotations
 
 from ..dtypes import DType
+from .activations import ParamActivations
+from .attention import Attention
 from .autograd import Backward, Cast, Detach, GradAccess
 from .base import ItemAccess, Tensor
 from .construct import (
@@ -27,6 +29,9 @@ from .construct import (
 )
 from .contract import Dot, Einsum, Matmul
 from .conv import ConvOps
+from .elemental import Elemental
+from .gated import Gated, GatedF32
+from .inplace import InPlace
 from .losses import Losses
 from .masks import MaskOps, Select
 from .math import (
@@ -38,7 +43,12 @@ from .math import (
     Ordering,
     ScalarMath,
 )
+from .norms import Norms, NormsF32
+from .quantized import PackRhs, QuantizedMatmul
 from .reductions import CountSum, F32Reductions, FloatReductions, HalfSum, Sum
+from .rope import Rope
+from .scans import Scans
+from .selection import Selection
 from .softmax import Softmax
 from .structural import BlockRows, Concat, IndexedOps, Padding, Rearrange, RowEdits
 from .unary import UnaryF32, UnaryMath
@@ -58,7 +68,10 @@ __all__ = [
 
 
 class F32Tensor(
-    ConvOps, Losses, Softmax, Matmul, Einsum, Dot,
+    Attention, Rope,
+    QuantizedMatmul, PackRhs,
+    NormsF32, Norms, GatedF32, Gated, ParamActivations, Scans, Elemental, InPlace,
+    ConvOps, Losses, Selection, Softmax, Matmul, Einsum, Dot,
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
     Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
@@ -74,6 +87,8 @@ class F32Tensor(
 
 
 class HalfTensor(
+    PackRhs,
+    Norms, Gated,
     Softmax, Einsum, Dot,
     FloatReductions, HalfSum,
     Select, UnaryMath,
@@ -157,6 +172,7 @@ class F8Tensor(
 
 
 class QuantTensor(
+    PackRhs,
     BlockRows, BlockConstructors,
     Cast, Wrap,
     Concat, Retag,

@@ -11,11 +11,13 @@ import numpy as np
 from .. import rng
 from ..argnames import explain
 from ..dtypes import DType
-from ..errors import IndexOutOfBounds, InvalidDataLength, InvalidShape, ShapeMismatch, TagError
+from ..errors import InvalidDataLength, InvalidShape, ShapeMismatch, TagError
 from ..ir.graph import leaf
-from ..runtime.context import ExecContext, values_array
-from ..runtime.raw import RawTensor, check_shape
-from .base import Tensor, new
+from ..runtime.context import ExecContext
+from ..runtime.raw import MAX_ELEMENTS, RawTensor, check_shape
+from ..runtime.values import values_array
+from .arguments import count_arg, int_arg, optional_int_arg, real_arg
+from .base import Tensor, host_indices, new
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 def _ctx(ctx: Any) -> ExecContext:
     if not isinstance(ctx, ExecContext):
         raise TypeError(explain(ctx, "an ExecContext (constructors take the context first)"))
+    ctx.check_open()
     return ctx
 
 
@@ -44,14 +47,19 @@ def _check_layout(shp: tuple[int, ...], values: Any, what: str) -> None:
                             f"{shp}; pass a flat sequence or reshape explicitly")
 
 
-def _from_values(cls: Any, ctx: Any, shape: Sequence[int], values: Any) -> RawTensor:
+def _from_values(cls: Any, ctx: Any, shape: Sequence[int], values: Any,
+                 name: str = "values") -> RawTensor:
     shp = _shape(cls, shape)
     if cls.dtype.is_block:
-        return RawTensor.from_array(cls.dtype, values_array(cls.dtype, shp, values), shp)
+        return RawTensor.from_array(cls.dtype, values_array(cls.dtype, shp, values, name), shp)
     if isinstance(values, (list, tuple)) and values and isinstance(values[0], (list, tuple)):
-        values = np.asarray(values)
-    _check_layout(shp, values, "values")
-    return RawTensor.from_array(cls.dtype, values_array(cls.dtype, shp, values), shp)
+        try:
+            values = np.asarray(values)
+        except (TypeError, ValueError):
+            raise InvalidDataLength(f"{name} are not a flat sequence of numbers nor an array "
+                                    f"of shape {shp}") from None
+    _check_layout(shp, values, name)
+    return RawTensor.from_array(cls.dtype, values_array(cls.dtype, shp, values, name), shp)
 
 
 def _check_raw(cls: Any, raw: Any) -> RawTensor:
@@ -101,6 +109,12 @@ def _need_tags(cls: Any, n: int, what: str) -> None:
         raise TagError(f"{what} needs a {n}-tag tensor type, {cls!r} has {cls.tag_count}")
 
 
+def _check_count(n: int, what: str) -> int:
+    if n > MAX_ELEMENTS:
+        raise InvalidShape(f"{what} would have {n} elements, more than any tensor holds")
+    return n
+
+
 def _leaf_f32(cls: Any, ctx: Any, arr: np.ndarray) -> Any:
     return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(cls.dtype, arr.astype(np.float32)))
 
@@ -109,6 +123,7 @@ def _leaf_f32(cls: Any, ctx: Any, arr: np.ndarray) -> Any:
 
 
 def _random(cls: Any, ctx: Any, shape: Sequence[int], fill: Any, *args: Any) -> Any:
+    ctx = _ctx(ctx)
     shp = _shape(cls, shape)
     out = np.empty(math.prod(shp), dtype=np.float32)
     try:
@@ -144,7 +159,13 @@ class Filled(Tensor):
     def from_slice(cls, ctx: ExecContext, shape: Sequence[int], values: _Values) -> Self:
         """Copy ``values`` into a new constant of ``shape``: a flat sequence or array of
         the right length, or an array of exactly ``shape`` (ShapeMismatch for a
-        multi-dimensional array of another shape: nothing is silently reshaped)."""
+        multi-dimensional array of another shape: nothing is silently reshaped).
+
+        Values convert to the dtype: floats round to nearest (f16, bf16, FP8);
+        integer dtypes take exact integers within the type's range (ValueError
+        naming the value otherwise: wrap explicitly with ``to``); a ``uint16``
+        array for bf16 and a ``uint8`` array for FP8 are raw bits, as ``data()``
+        returns them. Strings and other non-numbers are a TypeError."""
         return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, values))
 
     @classmethod
@@ -152,6 +173,7 @@ class Filled(Tensor):
         """Copy a numpy array with one dimension per tag; the shape comes from the array
         (a scalar type takes a 0-d or one-element array). Values convert to the dtype as
         in :meth:`from_slice`; ``from_borrowed_slice`` is the zero-copy form."""
+        ctx = _ctx(ctx)
         if not isinstance(array, np.ndarray):
             raise TypeError(explain(array, "a numpy array"))
         if array.ndim != cls.tag_count and not (cls.tag_count == 0 and array.size == 1):
@@ -159,7 +181,7 @@ class Filled(Tensor):
                 f"from_numpy: {cls!r} has {cls.tag_count} axes, the array has {array.ndim} "
                 f"dimensions (shape {array.shape})")
         shape = array.shape if cls.tag_count else (1,)
-        return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, array.reshape(-1)))
+        return _wrap_raw(cls, ctx, _from_values(cls, ctx, shape, array.reshape(-1), "array"))
 
     @classmethod
     def from_borrowed_const_slice(cls, ctx: ExecContext, shape: Sequence[int],
@@ -241,19 +263,26 @@ class F32Constructors(Tensor):
     def arange(cls, ctx: ExecContext, start: float, end: float, step: float = 1.0) -> Self:
         """torch.arange: element i is start + i*step, end exclusive."""
         _need_tags(cls, 1, "arange")
-        if step == 0 or not all(math.isfinite(v) for v in (start, end, step)):
+        ctx = _ctx(ctx)
+        lo, hi, d = real_arg(start, "start"), real_arg(end, "end"), real_arg(step, "step")
+        if d == 0 or not all(math.isfinite(v) for v in (lo, hi, d)):
             raise InvalidShape(f"arange needs a finite nonzero step, got {start}, {end}, {step}")
-        n = math.ceil((end - start) / step)
+        span = (hi - lo) / d
+        if not math.isfinite(span):
+            raise InvalidShape(f"arange({start}, {end}, {step}) has too many elements")
+        n = _check_count(math.ceil(span), f"arange({start}, {end}, {step})")
         if n <= 0:
             raise InvalidShape(f"arange({start}, {end}, {step}) is empty")
+        start, step = lo, d
         return _leaf_f32(cls, ctx, start + np.arange(n, dtype=np.float64) * step)
 
     @classmethod
     def linspace(cls, ctx: ExecContext, start: float, end: float, steps: int) -> Self:
         """torch.linspace: ``steps`` values, end inclusive and exact."""
         _need_tags(cls, 1, "linspace")
-        if not isinstance(steps, int) or steps <= 0:
-            raise InvalidShape(f"linspace needs steps >= 1, got {steps!r}")
+        ctx = _ctx(ctx)
+        start, end = real_arg(start, "start"), real_arg(end, "end")
+        steps = count_arg(steps, "steps")
         vals = np.linspace(start, end, steps, dtype=np.float64)
         vals[-1] = end if steps > 1 else start
         return _leaf_f32(cls, ctx, vals)
@@ -263,17 +292,10 @@ class F32Constructors(Tensor):
                 ) -> Self:
         """[len(indices), depth] one-hot rows (first tag rows, second classes)."""
         _need_tags(cls, 2, "one_hot")
-        if not isinstance(depth, int) or depth <= 0:
-            raise InvalidShape(f"one_hot needs depth >= 1, got {depth!r}")
-        idx = np.asarray(indices)
-        if idx.size == 0:
-            raise InvalidShape("one_hot needs at least one index")
-        if not np.issubdtype(idx.dtype, np.integer):
-            raise InvalidDataLength(f"one_hot indices must be integers, got {idx.dtype}")
-        idx = idx.reshape(-1).astype(np.int64)
-        bad = (idx < 0) | (idx >= depth)
-        if bad.any():
-            raise IndexOutOfBounds(f"one_hot index {int(idx[np.argmax(bad)])} >= depth {depth}")
+        ctx = _ctx(ctx)
+        depth = count_arg(depth, "depth")
+        idx = host_indices(indices, depth, "one_hot depth")
+        _check_count(idx.size * depth, "one_hot")
         out = np.zeros((idx.size, depth), dtype=np.float32)
         out[np.arange(idx.size), idx] = 1
         return _leaf_f32(cls, ctx, out)
@@ -282,41 +304,45 @@ class F32Constructors(Tensor):
     def eye(cls, ctx: ExecContext, n: int) -> Self:
         """The [n, n] identity (first tag rows, second columns)."""
         _need_tags(cls, 2, "eye")
-        if not isinstance(n, int) or n <= 0:
-            raise InvalidShape(f"eye needs n >= 1, got {n!r}")
+        ctx = _ctx(ctx)
+        n = count_arg(n, "n")
+        _check_count(n * n, "eye")
         return _leaf_f32(cls, ctx, np.eye(n, dtype=np.float32))
 
     @classmethod
     def rand(cls, ctx: ExecContext, shape: Sequence[int], seed: int) -> Self:
         """Uniform [0, 1) from the counter stream at ``seed``."""
-        return _random(cls, ctx, shape, rng.uniform_fill, seed, 0.0, 1.0)
+        return _random(cls, ctx, shape, rng.uniform_fill, int_arg(seed, "seed"), 0.0, 1.0)
 
     @classmethod
     def uniform(cls, ctx: ExecContext, shape: Sequence[int], seed: int, lo: float,
                 hi: float) -> Self:
         """Uniform [lo, hi) from the counter stream at ``seed``."""
-        return _random(cls, ctx, shape, rng.uniform_fill, seed, lo, hi)
+        return _random(cls, ctx, shape, rng.uniform_fill, int_arg(seed, "seed"),
+                       real_arg(lo, "lo"), real_arg(hi, "hi"))
 
     @classmethod
     def randn(cls, ctx: ExecContext, shape: Sequence[int], seed: int) -> Self:
         """Standard normal (Box-Muller) from the counter stream at ``seed``."""
-        return _random(cls, ctx, shape, rng.gaussian_fill, seed, 1.0)
+        return _random(cls, ctx, shape, rng.gaussian_fill, int_arg(seed, "seed"), 1.0)
 
     @classmethod
     def normal(cls, ctx: ExecContext, shape: Sequence[int], seed: int, mean: float,
                std: float) -> Self:
         """Normal(mean, std) from the counter stream at ``seed``."""
-        return _random(cls, ctx, shape, rng.normal_fill, seed, mean, std)
+        return _random(cls, ctx, shape, rng.normal_fill, int_arg(seed, "seed"),
+                       real_arg(mean, "mean"), real_arg(std, "std"))
 
     @classmethod
     def bernoulli(cls, ctx: ExecContext, shape: Sequence[int], seed: int, p: float) -> Self:
         """1.0 where the [0, 1) draw at (seed, i) falls below ``p``."""
-        return _random(cls, ctx, shape, rng.bernoulli_fill, seed, p)
+        return _random(cls, ctx, shape, rng.bernoulli_fill, int_arg(seed, "seed"),
+                       real_arg(p, "p"))
 
     @classmethod
     def gumbel(cls, ctx: ExecContext, shape: Sequence[int], seed: int) -> Self:
         """Standard Gumbel(0, 1) noise over a strictly open uniform (always finite)."""
-        return _random(cls, ctx, shape, rng.gumbel_fill, seed)
+        return _random(cls, ctx, shape, rng.gumbel_fill, int_arg(seed, "seed"))
 
 
 class IndexConstructors(Tensor):
@@ -328,7 +354,9 @@ class IndexConstructors(Tensor):
     def randint(cls, ctx: ExecContext, shape: Sequence[int], seed: int, low: int,
                 high: int) -> Self:
         """Uniform integers over [low, high) by multiply-shift."""
+        ctx = _ctx(ctx)
         shp = _shape(cls, shape)
+        seed, low, high = int_arg(seed, "seed"), int_arg(low, "low"), int_arg(high, "high")
         out = np.empty(math.prod(shp), dtype=np.int64)
         try:
             rng.randint_fill(seed, out, low, high)
@@ -340,8 +368,9 @@ class IndexConstructors(Tensor):
     def randperm(cls, ctx: ExecContext, n: int, seed: int) -> Self:
         """A Fisher-Yates permutation of 0..n-1 (single-tag types)."""
         _need_tags(cls, 1, "randperm")
-        if not isinstance(n, int) or n <= 0:
-            raise InvalidShape(f"randperm needs n >= 1, got {n!r}")
+        ctx = _ctx(ctx)
+        n = count_arg(n, "n")
+        seed = int_arg(seed, "seed")
         out = np.empty(n, dtype=np.int64)
         rng.randperm_fill(seed, out)
         return _wrap_raw(cls, _ctx(ctx), RawTensor.from_array(DType.i64, out))
@@ -357,7 +386,9 @@ class MaskConstructors(Tensor):
                   upper: int | None) -> Self:
         """bool mask: (i, j) true iff i - j <= lower and j - i <= upper (None: unbounded)."""
         _need_tags(cls, 2, "band_mask")
+        ctx = _ctx(ctx)
         shp = _shape(cls, shape)
+        lower, upper = optional_int_arg(lower, "lower"), optional_int_arg(upper, "upper")
         i = np.arange(shp[0])[:, None]
         j = np.arange(shp[1])[None, :]
         keep = np.ones(shp, dtype=bool)

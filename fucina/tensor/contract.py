@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .. import tags as T
 from ..dtypes import DType
 from ..errors import ShapeMismatch, TagError, UnsupportedGradient
+from ..ir import quantized
 from ..ir.execute import emit
 from ..ir.graph import Node
 from .base import Tensor, check_tensor, result, same_ctx, sizes_of, tensor_list
@@ -66,6 +67,10 @@ def contract_nodes(a: Any, an: Node, at: tuple[str, ...], b: Any, bn: Node,
 def _dot(self: Any, other: Any, contract: str) -> Any:
     check_tensor(other)
     same_ctx(self, other)
+    if other.dtype.is_block:  # f32 x block-quantized weight: the qcontract primitive
+        qnode, qout = quantized.dot_nodes(self._node, self.axis_tags, other._node,
+                                          other.axis_tags, T.check_tag(contract))
+        return result(self, qout, qnode, DType.f32)
     out = T.dot_result(self.axis_tags, other.axis_tags, T.check_tag(contract))
     dt = _result_dtype(self.dtype, other.dtype)
     _check_grad(self, other)
@@ -150,7 +155,8 @@ class Dot(Tensor):
     def dot(self, other: Tensor, contract: str) -> Self:
         """Contract ``contract`` (present in both); result tags batch ++ left free ++
         right free. Operands share a dtype, except an f32 tensor with an f16/bf16
-        constant on the right (f32 result)."""
+        constant on the right (f32 result) or with a block-quantized weight stored
+        [free, contract] (read in its blocks, never dequantized whole)."""
         return _dot(self, other, contract)
 
 

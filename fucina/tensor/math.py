@@ -12,14 +12,18 @@ operators).
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .. import tags as T
 from ..dtypes import DType, reduction_dtype
 from ..errors import ShapeMismatch, TagError, UnsupportedGradient
 from ..ir.execute import emit
 from ..ir.graph import Node
+from .arguments import real_arg
 from .base import (
     Tensor,
     align_node,
@@ -89,21 +93,61 @@ def binary(self: Any, other: Any, fn: str) -> Any:
     return new(cls, node, self._ctx)
 
 
-def _number(v: Any, what: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{what} must be a real number, got {v!r}")
-    return v  # type: ignore[return-value]  # a numbers.Real; kernels take any real
-
-
 def _is_number(v: object) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
-def scalar_op(self: Any, fn: str, value: Any) -> Any:
-    """The ``scalar`` primitive: ``self <fn> value`` for a real Python number."""
+def scalar_op(self: Any, fn: str, value: Any, name: str = "s") -> Any:
+    """The ``scalar`` primitive: ``self <fn> value`` for a real Python number (the
+    argument ``name`` is blamed for anything else)."""
+    v = real_arg(value, name)
     forward_only(self)
-    return result(self, self.axis_tags, emit("scalar", (self._node,), fn=fn,
-                                             value=_number(value, "scalar")))
+    return result(self, self.axis_tags, emit("scalar", (self._node,), fn=fn, value=v))
+
+
+def _compare_number(self: Any, op: str, value: Any) -> Any:
+    """``self <op> value`` for a Python number: exact on integer tensors at any magnitude
+    (a bound past the dtype's range, a fraction or NaN decides the answer on the host);
+    f16/bf16 compare through f32, as their other ops do."""
+    node = self._node
+    dt = self.dtype
+    v: float
+    if dt.is_integer:
+        decided = _integer_bound(op, value, dt)
+        if isinstance(decided, bool):
+            fill = emit("fill", (), shape=node.shape, dtype=DType.bool, value=decided)
+            return result(self, self.axis_tags, fill, DType.bool)
+        op, v = decided
+    else:
+        v = real_arg(value, "other")
+        if dt in (DType.f16, DType.bf16):
+            node = emit("cast", (node,), dtype=DType.f32, src=dt)
+    return result(self, self.axis_tags, emit("compare", (node,), fn=op, value=v), DType.bool)
+
+
+def _integer_bound(op: str, value: Any, dt: DType) -> tuple[str, int] | bool:
+    """An integer compare against ``value`` as (op, in-range int), or its constant answer."""
+    if isinstance(value, numbers.Integral):
+        k = int(value)
+    else:
+        f = real_arg(value, "other")
+        if math.isnan(f):
+            return op == "ne"
+        if math.isinf(f):
+            k = math.inf if f > 0 else -math.inf  # type: ignore[assignment]
+        elif f != math.floor(f):
+            if op in ("eq", "ne"):
+                return op == "ne"
+            # x < 2.5 is x <= 2; x > 2.5 is x >= 3 (no integer lies between)
+            op, k = ("le", math.floor(f)) if op in ("lt", "le") else ("ge", math.ceil(f))
+        else:
+            k = int(f)
+    info = np.iinfo(dt.storage)
+    if k > info.max:
+        return op in ("lt", "le", "ne")
+    if k < info.min:
+        return op in ("gt", "ge", "ne")
+    return op, int(k)
 
 
 def reduce_tags(self: Any, tags_: tuple[str, ...], fn: str) -> Any:
@@ -143,10 +187,30 @@ def _logical(self: Any, other: Any, fn: str) -> Any:
     return result(self, self.axis_tags, node, DType.bool)
 
 
+def _foreign(other: object, op: str) -> Any:
+    """An operator's answer to an operand that is neither a tensor nor a number:
+    numpy arrays get a TypeError that says how to convert, anything else
+    NotImplemented (so Python tries the other operand's reflected operator)."""
+    if isinstance(other, np.ndarray):
+        raise TypeError(
+            f"'{op}' between a fucina tensor and a numpy array: make the array a tensor "
+            f"(T.from_numpy(ctx, array)) or the tensor an array (np.asarray(x))")
+    return NotImplemented
+
+
 def _no_scalar(self: Any, op: str) -> TypeError:
     return TypeError(
-        f"'{op}' on {self.dtype.value} tensors takes another {self.dtype.value} tensor; "
-        f"Python numbers combine with float tensors only")
+        f"'{op}' on {self.dtype.value} tensors takes another {self.dtype.value} tensor: "
+        f"the {self.dtype.value} branch has no scalar forms (add_scalar, scale, ...), so a "
+        f"Python number combines with float tensors only; make it a tensor first")
+
+
+def _reflected(self: Any, other: object, op: str) -> Any:
+    """``number <op> tensor`` on a branch without scalar forms: the same TypeError as
+    ``tensor <op> number``; other operands get Python's protocol (NotImplemented)."""
+    if _is_number(other) or isinstance(other, (bool, np.bool_)):
+        raise _no_scalar(self, op)
+    return _foreign(other, op)
 
 
 # -- add / sub / mul: every numeric branch but bool and f8 ----------------------------
@@ -194,52 +258,60 @@ class FloatArithmetic(Tensor):
         return scalar_op(self, "div", s)
 
     def __add__(self, other: Tensor | float) -> Self:
+        """``a + b`` is :meth:`add`; ``a + 2.0`` adds a scalar."""
         if isinstance(other, Tensor):
             return binary(self, other, "add")
         if _is_number(other):
-            return scalar_op(self, "add", other)
-        return NotImplemented
+            return scalar_op(self, "add", other, "other")
+        return _foreign(other, "+")
 
     def __radd__(self, other: float) -> Self:
+        """``2.0 + a`` adds a scalar."""
         if _is_number(other):
-            return scalar_op(self, "add", other)
-        return NotImplemented
+            return scalar_op(self, "add", other, "other")
+        return _foreign(other, "+")
 
     def __sub__(self, other: Tensor | float) -> Self:
+        """``a - b`` is :meth:`sub`; ``a - 2.0`` subtracts a scalar."""
         if isinstance(other, Tensor):
             return binary(self, other, "sub")
         if _is_number(other):
-            return scalar_op(self, "add", -other)
-        return NotImplemented
+            return scalar_op(self, "add", -other, "other")
+        return _foreign(other, "-")
 
     def __rsub__(self, other: float) -> Self:
+        """``2.0 - a``: a scalar minus each element."""
         if _is_number(other):
-            return scalar_op(self, "rsub", other)
-        return NotImplemented
+            return scalar_op(self, "rsub", other, "other")
+        return _foreign(other, "-")
 
     def __mul__(self, other: Tensor | float) -> Self:
+        """``a * b`` is :meth:`mul`; ``a * 2.0`` is :meth:`scale`."""
         if isinstance(other, Tensor):
             return binary(self, other, "mul")
         if _is_number(other):
-            return scalar_op(self, "mul", other)
-        return NotImplemented
+            return scalar_op(self, "mul", other, "other")
+        return _foreign(other, "*")
 
     def __rmul__(self, other: float) -> Self:
+        """``2.0 * a`` is :meth:`scale`."""
         if _is_number(other):
-            return scalar_op(self, "mul", other)
-        return NotImplemented
+            return scalar_op(self, "mul", other, "other")
+        return _foreign(other, "*")
 
     def __truediv__(self, other: Tensor | float) -> Self:
+        """``a / b`` is :meth:`div`; ``a / 2.0`` is :meth:`div_scalar`."""
         if isinstance(other, Tensor):
             return binary(self, other, "div")
         if _is_number(other):
-            return scalar_op(self, "div", other)
-        return NotImplemented
+            return scalar_op(self, "div", other, "other")
+        return _foreign(other, "/")
 
     def __rtruediv__(self, other: float) -> Self:
+        """``2.0 / a``: a scalar divided by each element."""
         if _is_number(other):
-            return scalar_op(self, "rdiv", other)
-        return NotImplemented
+            return scalar_op(self, "rdiv", other, "other")
+        return _foreign(other, "/")
 
 
 # -- f32 / f16 / bf16 scalar forms ------------------------------------------------------------
@@ -256,7 +328,7 @@ class ScalarMath(Tensor):
 
     def sub_scalar(self, s: float) -> Self:
         """x - s."""
-        return scalar_op(self, "add", -_number(s, "scalar"))
+        return scalar_op(self, "add", -real_arg(s, "s"))
 
     def neg(self) -> Self:
         """-x."""
@@ -264,10 +336,17 @@ class ScalarMath(Tensor):
         return result(self, self.axis_tags, emit("unary", (self._node,), fn="neg"))
 
     def __neg__(self) -> Self:
+        """``-a`` is :meth:`neg`."""
         return self.neg()
 
     def __pow__(self, s: float) -> Self:
-        return scalar_op(self, "pow", s)
+        """``a ** s`` is :meth:`pow_scalar` (a Python number exponent)."""
+        if isinstance(s, Tensor):
+            raise TypeError("'**' takes a Python number exponent; a tensor exponent is "
+                            "x.pow(y) (f32)")
+        if not _is_number(s):
+            return _foreign(s, "**")
+        return scalar_op(self, "pow", s, "exponent")
 
 
 # -- comparisons and ordering --------------------------------------------------------------
@@ -286,9 +365,8 @@ class Ordering(Tensor):
         "ge"); ``other`` a same-tagged tensor of self's dtype, or a number."""
         if op not in _CMP:
             raise TagError(f"compare op must be one of {_CMP}, got {op!r}")
-        if isinstance(other, numbers.Real) and not isinstance(other, bool):
-            node = emit("compare", (self._node,), fn=op, value=other)
-            return result(self, self.axis_tags, node, DType.bool)
+        if _is_number(other):
+            return _compare_number(self, op, other)
         check_tensor(other)
         assert isinstance(other, Tensor)
         same_ctx(self, other)
@@ -307,15 +385,19 @@ class Ordering(Tensor):
         return binary(self, other, "minimum")
 
     def __lt__(self, other: Tensor | float) -> BoolTensor:
+        """``a < b`` is ``compare("lt", b)``."""
         return self.compare("lt", other)
 
     def __le__(self, other: Tensor | float) -> BoolTensor:
+        """``a <= b`` is ``compare("le", b)``."""
         return self.compare("le", other)
 
     def __gt__(self, other: Tensor | float) -> BoolTensor:
+        """``a > b`` is ``compare("gt", b)``."""
         return self.compare("gt", other)
 
     def __ge__(self, other: Tensor | float) -> BoolTensor:
+        """``a >= b`` is ``compare("ge", b)``."""
         return self.compare("ge", other)
 
 
@@ -359,20 +441,32 @@ class BoolOperators(Tensor):
     def __and__(self, other: Tensor) -> Self:
         """``m & n`` is :meth:`logical_and`."""
         if not isinstance(other, Tensor):
-            raise _no_scalar(self, "&")
+            return _reflected(self, other, "&")
         return _logical(self, other, "logical_and")
 
     def __or__(self, other: Tensor) -> Self:
         """``m | n`` is :meth:`logical_or`."""
         if not isinstance(other, Tensor):
-            raise _no_scalar(self, "|")
+            return _reflected(self, other, "|")
         return _logical(self, other, "logical_or")
 
     def __xor__(self, other: Tensor) -> Self:
         """``m ^ n`` is :meth:`logical_xor`."""
         if not isinstance(other, Tensor):
-            raise _no_scalar(self, "^")
+            return _reflected(self, other, "^")
         return _logical(self, other, "logical_xor")
+
+    def __rand__(self, other: object) -> Any:
+        """``True & m``: TypeError (masks combine with masks only)."""
+        return _reflected(self, other, "&")
+
+    def __ror__(self, other: object) -> Any:
+        """``True | m``: TypeError (masks combine with masks only)."""
+        return _reflected(self, other, "|")
+
+    def __rxor__(self, other: object) -> Any:
+        """``True ^ m``: TypeError (masks combine with masks only)."""
+        return _reflected(self, other, "^")
 
 
 # -- integer math ------------------------------------------------------------------------------
@@ -414,7 +508,7 @@ class IntegerMath(Tensor):
 
     def _tensor_op(self, other: object, op: str, fn: str) -> Self:
         if not isinstance(other, Tensor):
-            raise _no_scalar(self, op)
+            return _reflected(self, other, op)
         return binary(self, other, fn)
 
     def __add__(self, other: Tensor) -> Self:
@@ -448,3 +542,35 @@ class IntegerMath(Tensor):
     def __xor__(self, other: Tensor) -> Self:
         """``a ^ b`` is :meth:`bit_xor`."""
         return self._tensor_op(other, "^", "bit_xor")
+
+    def __radd__(self, other: object) -> Any:
+        """``1 + a``: TypeError (no scalar forms on integer tensors)."""
+        return _reflected(self, other, "+")
+
+    def __rsub__(self, other: object) -> Any:
+        """``1 - a``: TypeError (no scalar forms on integer tensors)."""
+        return _reflected(self, other, "-")
+
+    def __rmul__(self, other: object) -> Any:
+        """``2 * a``: TypeError (no scalar forms on integer tensors)."""
+        return _reflected(self, other, "*")
+
+    def __rfloordiv__(self, other: object) -> Any:
+        """``7 // a``: TypeError (no scalar forms on integer tensors)."""
+        return _reflected(self, other, "//")
+
+    def __rmod__(self, other: object) -> Any:
+        """``7 % a``: TypeError (no scalar forms on integer tensors)."""
+        return _reflected(self, other, "%")
+
+    def __rand__(self, other: object) -> Any:
+        """``1 & a``: TypeError (no scalar forms on integer tensors)."""
+        return _reflected(self, other, "&")
+
+    def __ror__(self, other: object) -> Any:
+        """``1 | a``: TypeError (no scalar forms on integer tensors)."""
+        return _reflected(self, other, "|")
+
+    def __rxor__(self, other: object) -> Any:
+        """``1 ^ a``: TypeError (no scalar forms on integer tensors)."""
+        return _reflected(self, other, "^")

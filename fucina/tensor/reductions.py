@@ -25,6 +25,7 @@ from ..ir.autodiff import broadcast_back
 from ..ir.execute import emit
 from ..ir.graph import Node
 from ..runtime.gradmode import no_grad
+from .arguments import is_int
 from .base import Tensor, result
 from .masks import mask_node
 from .math import forward_only, reduce_tags
@@ -267,7 +268,7 @@ class FloatReductions(Tensor):
     def variance(self, tag: str, ddof: int) -> F32Tensor:
         """Variance over ``tag``: ``ddof`` 0 is the biased (LayerNorm) form, 1 Bessel-corrected
         (torch.var's default). f16/bf16 -> f32."""
-        if isinstance(ddof, bool) or ddof not in (0, 1):
+        if not is_int(ddof) or ddof not in (0, 1):
             raise TagError(f"variance ddof must be 0 or 1, got {ddof!r}")
 
         def build(x: Node, axes: tuple[int, ...]) -> Node:

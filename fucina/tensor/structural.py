@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import tags as T
+from ..argnames import bad_argument
 from ..dtypes import DType
 from ..errors import (
     EmptySelection,
@@ -25,7 +26,8 @@ from ..errors import (
 )
 from ..ir.execute import emit
 from ..ir.graph import Node, leaf
-from ..runtime.raw import RawTensor
+from ..runtime.raw import MAX_ELEMENTS, RawTensor
+from .arguments import count_arg, int_arg, int_seq_arg, is_int, real_arg, sizes_arg
 from .base import (
     Tensor,
     align_node,
@@ -76,6 +78,15 @@ def _gather_node(self: Any, axis: int, idx: np.ndarray) -> Node:
 def _gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
     i = T.index(self.axis_tags, tag)
     out = T.replace_tag(self.axis_tags, tag, out_tag)
+    if isinstance(indices, Tensor):
+        # An i64 tensor is a traced value under compile (never a retrace); the IR checks
+        # its values when the gather runs.
+        _index_tensor(indices, "indices")
+        if indices.tag_count != 1:
+            raise TagError(f"gather needs a rank-1 index tensor, got tags {indices.axis_tags}")
+        same_ctx(self, indices)
+        return result(self, out, emit("gather", (self._node, indices._node), axis=i,
+                                      index=None))
     idx = host_indices(indices, self._node.shape[i], tag)
     return result(self, out, _gather_node(self, i, idx))
 
@@ -94,11 +105,10 @@ def _concat(self: Any, tag: str, others: Any) -> Any:
     return result(self, self.axis_tags, node)
 
 
-def _index_tensor(index: Any, what: str) -> np.ndarray:
+def _index_tensor(index: Any, what: str) -> None:
     check_tensor(index, what)
     if index.dtype is not DType.i64:
         raise TagError(f"{what} must be an i64 tensor, got {index.dtype.value}")
-    return index.numpy()
 
 
 def _set_rows_node(self: Any, axis: int, idx: np.ndarray, update: Node) -> Node:
@@ -117,12 +127,21 @@ def _pad_node(node: Node, axis: int, before: int, after: int, fill: float) -> No
 
 
 def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
-    if isinstance(padding, int) and not isinstance(padding, bool):
-        padding = (padding,) * 4
-    padding = tuple(padding)
-    if len(padding) != 4 or not all(isinstance(p, int) for p in padding):
+    fill = real_arg(fill, "fill")
+    if is_int(padding):
+        padding = (int(padding),) * 4
+    else:
+        try:
+            padding = int_seq_arg(padding, "padding")
+        except TypeError:
+            raise TypeError(bad_argument("padding", padding,
+                                         "an int or (left, right, top, bottom) ints")) from None
+    if len(padding) != 4:
         raise InvalidShape(f"padding must be an int or (left, right, top, bottom), got {padding}")
     left, right, top, bottom = padding
+    grown = max(left, 0) + max(right, 0) + max(top, 0) + max(bottom, 0)
+    if grown * self._node.value.numel > MAX_ELEMENTS:
+        raise InvalidShape(f"padding {padding} makes a tensor larger than any buffer")
     x, padded = self, False
     for tag, lo, hi in ((w, left, right), (h, top, bottom)):
         dim = x.dim(tag)
@@ -171,7 +190,12 @@ def _section_index(self: Any, tag: str, offsets: Any, circular: bool) -> np.ndar
     base = np.moveaxis(np.arange(self._node.value.numel, dtype=np.int64).reshape(shape), i, -1)
     moved_shape = base.shape
     rows = base.reshape(sections, n)
-    j = np.arange(n, dtype=np.int64)[None, :] - off.astype(np.int64)[:, None]
+    off = off.astype(np.int64)
+    if circular:
+        off = off % n  # keeps the subtraction below in range for any int64 offset
+    else:
+        off = np.clip(off, -n, n)
+    j = np.arange(n, dtype=np.int64)[None, :] - off[:, None]
     if circular:
         j %= n
         src = np.take_along_axis(rows, j, axis=1)
@@ -197,14 +221,8 @@ def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) ->
     for t, d in zip(self.axis_tags, self.shape):
         if t != tag and isz[t] != d:
             raise ShapeMismatch(f"indices: tag {t!r} has size {isz[t]}, tensor has {d}")
-    node = align_node(indices, self.axis_tags, ishape)
-    vals = node.value.array() if not node.value.is_symbolic else np.zeros(1, np.int64)
-    dim = self.shape[i]
-    bad = (vals < 0) | (vals >= dim)
-    if bad.any():
-        raise IndexOutOfBounds(f"index {int(vals[bad].reshape(-1)[0])} out of range for "
-                               f"{tag!r} of size {dim}")
-    return i, node, ishape
+    # Index values are checked by the IR before the kernel reads them (eager and compiled).
+    return i, align_node(indices, self.axis_tags, ishape), ishape
 
 
 def _scatter(self: Any, tag: str, indices: Any, src: Any, op: str) -> Any:
@@ -238,8 +256,10 @@ class RowEdits(Tensor):
 
     __slots__ = ()
 
-    def gather(self, tag: str, indices: Sequence[int] | np.ndarray, out_tag: str) -> Self:
-        """Rows ``indices`` along ``tag`` (host ints), the axis retagged ``out_tag``."""
+    def gather(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor,
+               out_tag: str) -> Self:
+        """Rows ``indices`` along ``tag`` (host ints or a rank-1 i64 tensor), the axis
+        retagged ``out_tag``."""
         return _gather(self, tag, indices, out_tag)
 
     def set_slice(self, tag: str, start: int, update: Tensor) -> Self:
@@ -248,7 +268,8 @@ class RowEdits(Tensor):
         _same_type(self, update, "update")
         _match_except(self, update, tag, "set_slice")
         n, dim = update.shape[i], self.shape[i]
-        if not isinstance(start, int) or start < 0 or start + n > dim:
+        start = int_arg(start, "start")
+        if start < 0 or start + n > dim:
             raise IndexOutOfBounds(f"set_slice: [{start}, {start}+{n}) out of range for {tag!r} "
                                    f"of size {dim}")
         idx = np.arange(start, start + n, dtype=np.int64)
@@ -276,9 +297,7 @@ class Rearrange(Tensor):
     def reshape(self, new_tags: Sequence[str], new_shape: Sequence[int]) -> Self:
         """Row-major reinterpretation to ``new_tags`` at ``new_shape`` (view when contiguous)."""
         tgt = T.normalize_tags(new_tags)
-        shp = tuple(int(d) for d in new_shape)
-        if len(shp) != len(tgt) or any(d <= 0 for d in shp):
-            raise InvalidShape(f"reshape: shape {tuple(new_shape)} does not fit tags {tgt}")
+        shp = sizes_arg(new_shape, "new_shape", len(tgt))
         raw_shape = shp or (1,)
         if math.prod(raw_shape) != self._node.value.numel:
             raise InvalidShape(f"reshape: {math.prod(raw_shape)} elements requested, tensor has "
@@ -301,10 +320,9 @@ class Rearrange(Tensor):
     def roll(self, tag: str, shift: int) -> Self:
         """Rotate the axis ``tag`` by ``shift`` (torch.roll: element i moves to i + shift)."""
         i = T.index(self.axis_tags, tag)
-        if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
-            raise TypeError(f"roll shift must be an int, got {shift!r}")
         n = self.shape[i]
-        idx = (np.arange(n, dtype=np.int64) - int(shift)) % n
+        k = int_arg(shift, "shift") % n  # exact for any Python int, then small
+        idx = (np.arange(n, dtype=np.int64) - k) % n
         return result(self, self.axis_tags, _gather_node(self, i, idx))
 
     def stack(self, new_tag: str, axis_index: int, others: Sequence[Tensor]) -> Self:
@@ -321,8 +339,9 @@ class Rearrange(Tensor):
     def repeat_axis(self, tag: str, n: int) -> Self:
         """Tile the axis ``tag`` n times ([a, b] -> [a, b, a, b])."""
         i = T.index(self.axis_tags, tag)
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise InvalidShape(f"repeat_axis needs n >= 1, got {n!r}")
+        n = count_arg(n, "n")
+        if n * self._node.value.numel > MAX_ELEMENTS:
+            raise InvalidShape(f"repeat_axis: {n} copies make a tensor larger than any buffer")
         if n == 1:
             return result(self, self.axis_tags, identity_view(self))
         idx = np.tile(np.arange(self.shape[i], dtype=np.int64), n)
@@ -337,10 +356,11 @@ class Padding(Tensor):
     def pad(self, tag: str, before: int, after: int, fill: float = 0.0) -> Self:
         """Grow ``tag`` by ``before`` + ``after`` positions holding ``fill``."""
         i = T.index(self.axis_tags, tag)
-        for v in (before, after):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise InvalidShape(
-                    f"pad amounts must be non-negative ints, got {before!r}, {after!r}")
+        before, after = count_arg(before, "before", 0), count_arg(after, "after", 0)
+        fill = real_arg(fill, "fill")
+        if (before + after) * self._node.value.numel > MAX_ELEMENTS:
+            raise InvalidShape(f"pad: {before} + {after} positions make a tensor larger than "
+                               "any buffer")
         return result(self, self.axis_tags, _pad_node(self._node, i, before, after, fill))
 
 
@@ -355,7 +375,7 @@ class IndexedOps(Tensor):
         if index.tag_count != 1:
             raise TagError(
                 f"index_select needs a rank-1 index tensor, got tags {index.axis_tags}")
-        return _gather(self, tag, _index_tensor(index, "index").reshape(-1), out_tag)
+        return _gather(self, tag, index, out_tag)
 
     def index_add(self, tag: str, indices: Sequence[int] | np.ndarray, update: Tensor) -> Self:
         """Copy of self with ``update``'s rows added at ``indices`` (duplicates accumulate)."""
@@ -373,9 +393,8 @@ class IndexedOps(Tensor):
         """Copy of self with [start, start+length) along ``tag`` zeroed."""
         i = T.index(self.axis_tags, tag)
         dim = self.shape[i]
-        if not isinstance(length, int) or length <= 0:
-            raise InvalidShape(f"zero_slice: length {length!r} must be positive")
-        if not isinstance(start, int) or start < 0 or start + length > dim:
+        start, length = int_arg(start, "start"), count_arg(length, "length")
+        if start < 0 or start + length > dim:
             raise IndexOutOfBounds(f"zero_slice: [{start}, {start}+{length}) out of range for "
                                    f"{tag!r} of size {dim}")
         return _zero_rows(self, i, np.arange(start, start + length, dtype=np.int64))
@@ -444,6 +463,7 @@ class IndexedOps(Tensor):
     def shift_by(self, tag: str, offsets: Sequence[int] | np.ndarray, fill: float = 0.0,
                  ) -> Self:
         """Non-circular per-section shift along ``tag``; shifted-in positions hold ``fill``."""
+        fill = real_arg(fill, "fill")
         idx = _section_index(self, tag, offsets, circular=False)
         node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape,
                     has_fill=True, fill=fill)
@@ -474,7 +494,10 @@ class IndexedOps(Tensor):
     def diag_embed(self, vec_tag: str, out_tags: Sequence[str]) -> Self:
         """Batched diag: with ``out_tags = (row_tag, col_tag)``, ``vec_tag`` becomes
         ``row_tag`` in place and ``col_tag`` is appended last."""
-        row, col = T.normalize_tags(out_tags)
+        pair = T.normalize_tags(out_tags)
+        if len(pair) != 2:
+            raise TagError(f"diag_embed needs two out_tags (row, col), got {pair}")
+        row, col = pair
         renamed = T.replace_tag(self.axis_tags, vec_tag, row)
         out = T.check_tags(renamed + (col,))
         n = self.dim(vec_tag)

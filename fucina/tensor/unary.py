@@ -23,6 +23,7 @@ from ..ir.execute import emit
 from ..ir.graph import Node
 from ..kernels.elementwise import PUBLIC_UNARY
 from ..rng import MASK64
+from .arguments import int_arg, real_arg
 from .base import Tensor, identity_view, result
 from .math import binary, forward_only
 
@@ -57,10 +58,8 @@ def float_op(self: Any, build: Callable[[Node], Node]) -> Any:
 
 
 def real(v: Any, what: str) -> float:
-    """A real Python/numpy number (bool rejected) as a float."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{what} must be a real number, got {v!r}")
-    return float(v)
+    """A real Python/numpy number (bool rejected) as a float (:func:`real_arg`)."""
+    return real_arg(v, what)
 
 
 def f32_param(v: Any, what: str) -> float:
@@ -210,6 +209,7 @@ class UnaryMath(Tensor):
         return _apply(self, "reciprocal")
 
     def __abs__(self) -> Self:
+        """``abs(a)`` is :meth:`abs`."""
         return self.abs()
 
     def leaky_relu(self, negative_slope: float = 0.01) -> Self:
@@ -262,8 +262,7 @@ class UnaryF32(Tensor):
         Requires 0 <= p < 1 (InvalidShape otherwise); p == 0 is an identity view.
         """
         pv = real(p, "p")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise TypeError(f"seed must be an integer, got {seed!r}")
+        seed = int_arg(seed, "seed")
         p32 = f32_param(pv, "p")
         if not (0.0 <= pv < 1.0) or not (0.0 <= p32 < 1.0):
             raise InvalidShape(f"dropout needs 0 <= p < 1, got {p!r}")

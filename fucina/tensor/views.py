@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import tags as T
+from ..argnames import bad_argument
 from ..errors import (
     IndexOutOfBounds,
     InvalidDataLength,
@@ -28,6 +29,7 @@ from ..errors import (
 from ..ir.execute import emit
 from ..ir.graph import Node
 from ..runtime.raw import contiguous_strides
+from .arguments import int_arg, int_seq_arg, optional_int_arg, sizes_arg
 from .base import Tensor, align_node, identity_view, result, sizes_of
 
 if TYPE_CHECKING:
@@ -61,7 +63,7 @@ def _spec(args: tuple[Any, ...]) -> tuple[str, ...]:
 
 def with_axis(x: Any, tag: str, axis_index: int) -> Any:
     """``x`` with a new size-1 axis ``tag`` at ``axis_index`` (a view)."""
-    out = T.insert_tag(x.axis_tags, tag, axis_index)
+    out = T.insert_tag(x.axis_tags, tag, int_arg(axis_index, "axis_index"))
     sizes = dict(sizes_of(x), **{tag: 1})
     return result(x, out, align_node(x, out, tuple(sizes[t] for t in out)))
 
@@ -93,12 +95,6 @@ def narrow_node(self: Any, i: int, start: int, length: int, step: int = 1) -> No
     coeffs = [_unit(r, k, step if k == i else 1) for k in range(r)]
     base = [start if k == i else 0 for k in range(r)]
     return affine(self, tuple(shape), coeffs, base)
-
-
-def _int(v: Any, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{what} must be an int, got {v!r}")
-    return int(v)
 
 
 class SliceRange:
@@ -190,9 +186,7 @@ class AxisViews(Tensor):
         """Stride-0 view over ``target`` tags at ``shape`` (missing or size-1 tags stretch)."""
         tgt = T.normalize_tags(target)
         T.align_axes(self.axis_tags, tgt)
-        shp = tuple(int(d) for d in shape)
-        if len(shp) != len(tgt) or any(d <= 0 for d in shp):
-            raise InvalidShape(f"broadcast_to: shape {tuple(shape)} does not fit tags {tgt}")
+        shp = sizes_arg(shape, "shape", len(tgt))
         sizes = sizes_of(self)
         for t, d in zip(tgt, shp):
             if t in sizes and sizes[t] not in (1, d):
@@ -202,7 +196,7 @@ class AxisViews(Tensor):
     def narrow(self, tag: str, start: int, length: int) -> Self:
         """Zero-copy window [start, start+length) along ``tag``."""
         i = T.index(self.axis_tags, tag)
-        start, length = _int(start, "start"), _int(length, "length")
+        start, length = int_arg(start, "start"), int_arg(length, "length")
         dim = self._node.shape[i]
         if length <= 0:
             raise InvalidShape(f"narrow: length {length} along {tag!r} must be positive")
@@ -221,10 +215,8 @@ class SplitMerge(Tensor):
         """Factor axis ``tag`` into ``parts`` of ``sizes`` (zero-copy on any layout)."""
         new_tags = T.normalize_tags(parts)
         out = T.split_tags(self.axis_tags, tag, new_tags)
-        sizes = tuple(int(s) for s in sizes)
+        sizes = sizes_arg(sizes, "sizes", len(new_tags))
         i = T.index(self.axis_tags, tag)
-        if len(sizes) != len(new_tags) or any(s <= 0 for s in sizes):
-            raise InvalidShape(f"split: sizes {sizes} do not fit parts {new_tags}")
         dim = self._node.shape[i]
         if math.prod(sizes) != dim:
             raise InvalidShape(f"split: sizes {sizes} multiply to {math.prod(sizes)}, "
@@ -263,7 +255,8 @@ class SplitMerge(Tensor):
     def slice_step(self, tag: str, start: int, length: int, step: int) -> Self:
         """x[start::step] along ``tag``, ``length`` elements, as a strided view."""
         i = T.index(self.axis_tags, tag)
-        start, length, step = _int(start, "start"), _int(length, "length"), _int(step, "step")
+        start, length = int_arg(start, "start"), int_arg(length, "length")
+        step = int_arg(step, "step")
         dim = self._node.shape[i]
         if length <= 0 or step <= 0:
             raise InvalidShape(f"slice_step: length {length} and step {step} must be positive")
@@ -282,7 +275,7 @@ class StridedViews(Tensor):
     def select(self, tag: str, index: int) -> Self:
         """One position of ``tag`` (negative counts from the end), the axis removed."""
         i = T.index(self.axis_tags, tag)
-        index = _int(index, "index")
+        index = int_arg(index, "index")
         dim = self._node.shape[i]
         pos = index + dim if index < 0 else index
         if not 0 <= pos < dim:
@@ -312,7 +305,8 @@ class StridedViews(Tensor):
                 lo, hi = rng.start, rng.stop
             else:
                 lo, hi = rng.start, rng.end
-            step = 1 if rng.step is None else _int(rng.step, "step")
+            lo, hi = optional_int_arg(lo, tag), optional_int_arg(hi, tag)
+            step = 1 if rng.step is None else int_arg(rng.step, tag)
             if step <= 0:
                 raise InvalidShape(
                     f"slice: step {step} for {tag!r} must be positive (compose flip)")
@@ -332,12 +326,12 @@ class StridedViews(Tensor):
         tgt = T.normalize_tags(new_tags)
         node = self._node
         raw = node.value
-        shp = tuple(int(d) for d in shape)
-        st = tuple(int(s) for s in strides)
-        if len(shp) != max(len(tgt), 1) or len(st) != len(shp):
+        shp = sizes_arg(shape, "shape", max(len(tgt), 1))
+        st = int_seq_arg(strides, "strides")
+        if len(st) != len(shp):
             raise InvalidShape(f"view_with_strides: shape {shp} / strides {st} do not fit {tgt}")
-        if any(d <= 0 for d in shp) or any(s < 0 for s in st):
-            raise InvalidShape(f"view_with_strides: bad shape {shp} or strides {st}")
+        if any(s < 0 for s in st):
+            raise InvalidShape(f"view_with_strides: negative strides {st}")
         if raw.dtype.block_size != 1:
             raise UnsupportedView("view_with_strides is for scalar dtypes")
         last = raw.offset + sum((d - 1) * s for d, s in zip(shp, st))
@@ -365,6 +359,8 @@ class StridedViews(Tensor):
     def unbind_into(self, tag: str, out: list[Any]) -> None:
         """Fill ``out`` (a list of length dim(tag)) with the slices along ``tag``."""
         n = self.dim(tag)
+        if not isinstance(out, list):
+            raise TypeError(bad_argument("out", out, f"a list of length {n}"))
         if len(out) != n:
             raise InvalidShape(f"unbind_into: out has {len(out)} entries, {tag!r} has size {n}")
         for i in range(n):

@@ -1,0 +1,128 @@
+"""Index checks made before any kernel reads index data, the same in eager and compiled.
+
+Index data reaches a primitive two ways: as a host array in the node's
+attributes (known while tracing, checked once when the node is built) or as
+an integer tensor input (a traced value, checked when the op runs: in eager
+mode just before its kernel, in a compiled program as a step of its own).
+Either way an index outside its axis raises ``IndexOutOfBounds`` naming the
+index, the axis and its size; ``-1`` is out of range (no wrapping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import IndexOutOfBounds
+from .graph import Node
+
+#: op -> check over (inputs, attrs) for index data held in the attributes.
+ATTR_CHECKS: dict[str, Callable[[Sequence[Node], dict[str, Any]], None]] = {}
+#: op -> check over (inputs, attrs, input arrays) for index data held in an input tensor.
+VALUE_CHECKS: dict[str, Callable[[Sequence[Node], dict[str, Any], list[np.ndarray]], None]] = {}
+
+
+def axis_name(node: Node, axis: int) -> str:
+    """How an error names axis ``axis`` of ``node``: its tag when the node carries tags."""
+    tags = node.tags
+    if tags and 0 <= axis < len(tags):
+        return repr(tags[axis])
+    return f"axis {axis}"
+
+
+def check_range(index: Any, low: int, high: int, what: str, what_size: int) -> None:
+    """Raise ``IndexOutOfBounds`` unless every entry of ``index`` lies in [low, high)."""
+    idx = np.asarray(index)
+    if idx.size == 0:
+        return
+    bad = (idx < low) | (idx >= high)
+    if bad.any():
+        first = int(idx.reshape(-1)[np.argmax(bad.reshape(-1))])
+        raise IndexOutOfBounds(f"index {first} out of range for {what} of size {what_size}")
+
+
+def _along(inputs: Sequence[Node], attrs: dict[str, Any], index: Any, bound: int | None = None,
+           low: int = 0) -> None:
+    axis = attrs["axis"]
+    x = inputs[0]
+    dim = x.shape[axis] if bound is None else bound
+    check_range(index, low, dim, axis_name(x, axis), dim)
+
+
+def _flat(inputs: Sequence[Node], attrs: dict[str, Any], index: Any, n: int, low: int) -> None:
+    check_range(index, low, n, "the flattened tensor", n)
+
+
+# -- index data in the attributes -------------------------------------------------------
+
+
+def _gather_attr(inputs: Sequence[Node], attrs: dict[str, Any]) -> None:
+    if len(inputs) == 1:
+        _along(inputs, attrs, attrs["index"])
+
+
+def _scatter_axis_attr(inputs: Sequence[Node], attrs: dict[str, Any]) -> None:
+    if len(inputs) == 1:
+        _along(inputs, attrs, attrs["index"], bound=attrs["dim"])
+
+
+def _rows_attr(inputs: Sequence[Node], attrs: dict[str, Any]) -> None:
+    _along(inputs, attrs, attrs["index"])
+
+
+def _gather_flat_attr(inputs: Sequence[Node], attrs: dict[str, Any]) -> None:
+    # -1 marks a position that takes the fill value instead of reading.
+    _flat(inputs, attrs, attrs["index"], int(np.prod(inputs[0].shape)),
+          -1 if attrs.get("has_fill") else 0)
+
+
+def _scatter_flat_attr(inputs: Sequence[Node], attrs: dict[str, Any]) -> None:
+    # Negative entries are positions nothing is added from (gather_flat's fill).
+    _flat(inputs, attrs, attrs["index"], int(np.prod(attrs["shape"])), -1)
+
+
+ATTR_CHECKS.update({
+    "gather": _gather_attr,
+    "scatter_axis_add": _scatter_axis_attr,
+    "index_add": _rows_attr,
+    "set_index": _rows_attr,
+    "gather_flat": _gather_flat_attr,
+    "scatter_flat_add": _scatter_flat_attr,
+})
+
+
+# -- index data in an input tensor ------------------------------------------------------
+
+
+def _second_input(inputs: Sequence[Node], attrs: dict[str, Any],
+                  arrays: list[np.ndarray]) -> None:
+    _along(inputs, attrs, arrays[1])
+
+
+def _gather_value(inputs: Sequence[Node], attrs: dict[str, Any],
+                  arrays: list[np.ndarray]) -> None:
+    if len(inputs) > 1:
+        _along(inputs, attrs, arrays[1])
+
+
+def _scatter_axis_value(inputs: Sequence[Node], attrs: dict[str, Any],
+                        arrays: list[np.ndarray]) -> None:
+    if len(inputs) > 1:
+        _along(inputs, attrs, arrays[1], bound=attrs["dim"])
+
+
+VALUE_CHECKS.update({
+    "take_along": _second_input,
+    "scatter_add": _second_input,
+    "scatter": _second_input,
+    "gather": _gather_value,
+    "scatter_axis_add": _scatter_axis_value,
+})
+
+
+def reads_index_values(node: Node) -> bool:
+    """Whether running ``node`` needs a value check of an index input first."""
+    return node.op in VALUE_CHECKS and (node.op not in ("gather", "scatter_axis_add")
+                                        or len(node.inputs) > 1)

@@ -1,0 +1,560 @@
+"""Flash-style attention kernels: streaming softmax forward, blockwise recomputing backward.
+
+Scores are never materialized as a [q, k] matrix. The forward runs one task
+per (query head, block of ``BQ`` query rows); each task walks the keys in
+blocks of ``BK``, keeping a running row max, a running denominator and an
+output accumulator (the online softmax), and saves the per-row logsumexp.
+The backward (flash-attention-2) runs one task per query head and walks key
+blocks, recomputing each block of probabilities from the saved logsumexp.
+Working memory is a few ``BQ x BK`` and ``B x D`` tiles per task.
+
+Block products run on the register-blocked micro-kernel of
+``fucina.kernels.microkernel`` (4 x 16 output tiles). Scores are kept
+transposed (keys by rows, queries along the contiguous axis) so that no tile
+is ever transposed and the softmax statistics are elementwise. Tiles are
+zero-padded to whole output tiles; masked and padded scores are -inf before
+the softmax, so they contribute exactly 0.
+
+Every operand is a flat float32 buffer plus an element offset of 0 and one
+stride per axis; the feature axis is unit-stride (the caller copies
+otherwise). Callers validate every size, stride and index first
+(:func:`check_operands`): the kernels trust them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..errors import IndexOutOfBounds, InvalidShape, ShapeMismatch
+from .microkernel import NR, gemm
+from .vecmath import exp_f32, log_f32
+
+#: Query rows per forward task and per backward inner block.
+BQ = 64
+#: Keys per block.
+BK = 64
+
+_FM = {"nsz", "arcp", "contract", "afn", "reassoc"}
+_F = np.float32
+_NEG = np.float32(-np.inf)
+_U = np.uint64  # unsigned flat indices: no negative-index wraparound select
+_jit = njit(fastmath=_FM, error_model="numpy", cache=True, nogil=True)
+_pjit = njit(parallel=True, fastmath=_FM, error_model="numpy", cache=True, nogil=True)
+
+
+@_jit
+def _key_range(p, KV, causal, window):
+    """[lo, hi) of the keys absolute query position ``p`` attends."""
+    if not causal:
+        return 0, KV
+    hi = min(KV, p + 1)
+    lo = 0
+    if window > 0:
+        lo = max(0, p - window + 1)
+    return lo, hi
+
+
+@_pjit
+def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b_sk,
+                      has_bias, heads, task_kh, task_c0, task_c1, task_k0, task_k1, part,
+                      out, scale, S, H, KV, D, off, causal, window):
+    """Output [S, H, D] then logsumexp [H, S] into the flat ``out``.
+
+    Query row ``i`` sits at absolute position ``i + off``; with ``causal`` it
+    attends keys ``[max(0, p - window + 1) if window else 0, p]``. ``bias``
+    ([S, KV], strides ``b_ss``/``b_sk``) is added to the scaled scores.
+
+    The query heads reading one kv head form that kv head's columns (column
+    ``c`` is head ``heads[c // S]``, row ``c % S``); task ``t`` takes columns
+    ``[task_c0[t], task_c1[t])`` of kv head ``task_kh[t]``, so every key block
+    is loaded once for all the heads of a group (a decode step over a GQA
+    cache reads each cached key once). Scores are computed transposed
+    (``S^T = K Q^T``: keys by rows, columns along the contiguous axis), so the
+    running max, the rescale and the denominators are elementwise over the
+    columns, and ``P V`` reads ``P^T`` as its broadcast operand: no tile is
+    ever transposed. Products cover the used columns only (rounded up to the
+    micro-kernel's tile).
+
+    Task ``t`` reads keys ``[task_k0[t], task_k1[t])``. When a task holds only
+    part of its columns' keys (``part`` is not empty: a long cache split across
+    tasks), it leaves its unnormalized output, running max and denominator in
+    ``part[t]`` for :func:`combine_parts` instead of writing ``out``.
+    """
+    Dv = (D + NR - 1) // NR * NR
+    lse_base = S * H * D
+    split = part.shape[0] > 0
+    for t in prange(task_kh.shape[0]):
+        kh = task_kh[t]
+        c0 = task_c0[t]
+        nq = task_c1[t] - c0
+        k0 = task_k0[t]
+        k1 = task_k1[t]
+        nn = (nq + NR - 1) // NR * NR  # score columns computed
+        nm = (nq + 3) // 4 * 4  # output rows computed
+        QT = np.zeros((D, BQ), np.float32)
+        Kb = np.zeros((BK, D), np.float32)
+        Vb = np.zeros((BK, Dv), np.float32)
+        St = np.empty((BK, BQ), np.float32)
+        acc = np.zeros((BQ, Dv), np.float32)
+        m = np.full(BQ, _NEG, np.float32)
+        mn = np.empty(BQ, np.float32)
+        el = np.zeros(BQ, np.float32)
+        row = np.zeros(BQ, np.int64)
+        head = np.zeros(BQ, np.int64)
+        lo_r = np.zeros(BQ, np.int32)
+        hi_r = np.zeros(BQ, np.int32)  # padding columns attend nothing
+        for i in range(nq):
+            c = c0 + i
+            h = heads[c // S]
+            r = c % S
+            head[i] = h
+            row[i] = r
+            b = r * q_ss + h * q_sh
+            for d in range(D):
+                QT[d, i] = q[_U(b + d)] * scale
+            lo, hi = _key_range(r + off, KV, causal, window)
+            lo_r[i] = max(lo, k0)
+            hi_r[i] = min(hi, k1)
+        jlo = KV
+        jhi = 0
+        all_lo = 0
+        all_hi = KV
+        for i in range(nq):
+            jlo = min(jlo, lo_r[i])
+            jhi = max(jhi, hi_r[i])
+            all_lo = max(all_lo, lo_r[i])
+            all_hi = min(all_hi, hi_r[i])
+        j0 = (jlo // BK) * BK
+        while j0 < jhi:
+            nk = min(BK, KV - j0)
+            kb = j0 * k_ss + kh * k_sh
+            vb = j0 * v_ss + kh * v_sh
+            # With one column tile (decode steps) each key is read once: the products
+            # read K and V in place. With more, K and V blocks are copied into
+            # contiguous tiles: their rows are a head stride apart and would collide
+            # in the same cache sets on every re-read.
+            direct = nn == NR and nk == BK and Dv == D
+            if direct:
+                gemm(k, kb, k_ss, 1, QT, 0, BQ, St, 0, BQ, BK, nn, D, False)
+            else:
+                for r in range(nk):
+                    ks = kb + r * k_ss
+                    vs = vb + r * v_ss
+                    for d in range(D):
+                        Kb[r, d] = k[_U(ks + d)]
+                    for d in range(D):
+                        Vb[r, d] = v[_U(vs + d)]
+                for r in range(nk, BK):
+                    for d in range(D):
+                        Kb[r, d] = 0.0
+                        Vb[r, d] = 0.0
+                gemm(Kb, 0, D, 1, QT, 0, BQ, St, 0, BQ, BK, nn, D, False)
+            # A block every real column attends in full needs no mask.
+            if has_bias or nq < nn or nk < BK or j0 < all_lo or j0 + nk > all_hi:
+                for j in range(BK):
+                    ja = j0 + j
+                    if j >= nk:
+                        for i in range(nn):
+                            St[j, i] = _NEG
+                        continue
+                    if has_bias:
+                        bb = ja * b_sk
+                        for i in range(nq):
+                            St[j, i] += bias[_U(bb + row[i] * b_ss)]
+                    for i in range(nn):
+                        ok = (ja >= lo_r[i]) & (ja < hi_r[i])
+                        St[j, i] = St[j, i] if ok else _NEG
+            for i in range(nn):
+                mn[i] = m[i]
+            for j in range(BK):
+                for i in range(nn):
+                    s = St[j, i]
+                    mn[i] = s if s > mn[i] else mn[i]
+            for i in range(nn):
+                # A column that attended nothing yet keeps max -inf; shifting it by 0
+                # keeps its exps exactly 0 instead of NaN.
+                x = mn[i]
+                x = x if x != _NEG else _F(0.0)
+                a = exp_f32(m[i] - x)
+                el[i] *= a
+                m[i] = mn[i]
+                mn[i] = x
+                if a != 1.0:
+                    for d in range(Dv):
+                        acc[i, d] *= a
+            for j in range(BK):
+                for i in range(nn):
+                    p = exp_f32(St[j, i] - mn[i])
+                    el[i] += p
+                    St[j, i] = p
+            if direct:
+                gemm(St, 0, 1, BQ, v, vb, v_ss, acc, 0, Dv, nm, Dv, nk, True)
+            else:
+                gemm(St, 0, 1, BQ, Vb, 0, Dv, acc, 0, Dv, nm, Dv, nk, True)
+            j0 += BK
+        if split:
+            for i in range(nq):
+                for d in range(D):
+                    part[t, i, d] = acc[i, d]
+                part[t, i, D] = m[i]
+                part[t, i, D + 1] = el[i]
+            continue
+        for i in range(nq):
+            h = head[i]
+            r = row[i]
+            b = (r * H + h) * D
+            inv = _F(1.0) / el[i]
+            for d in range(D):
+                out[_U(b + d)] = acc[i, d] * inv
+            out[_U(lse_base + h * S + r)] = m[i] + log_f32(el[i])
+
+
+def forward_tasks(kvmap: np.ndarray, kv_heads: int, S: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Query heads grouped by kv head, and the (kv head, column range) of every task.
+
+    Returns ``heads`` (query heads ordered by kv head) and per task its kv head
+    and its columns ``[c0, c1)`` in the group's column space (each group starts
+    at ``S`` times its first head's place in ``heads``).
+    """
+    heads = np.argsort(kvmap, kind="stable").astype(np.int64)
+    counts = np.bincount(kvmap, minlength=kv_heads)
+    t_kh, t_c0, t_c1 = [], [], []
+    first = 0
+    for kh in range(kv_heads):
+        n = int(counts[kh]) * S
+        start = first * S
+        for c in range(0, n, BQ):
+            t_kh.append(kh)
+            t_c0.append(start + c)
+            t_c1.append(start + min(c + BQ, n))
+        first += int(counts[kh])
+    return (heads, np.array(t_kh, np.int64), np.array(t_c0, np.int64),
+            np.array(t_c1, np.int64))
+
+
+#: Below this many tasks a long key range is split across tasks (flash decoding).
+SPLIT_TASKS = 8
+#: Fewest keys a split task handles.
+SPLIT_MIN_KEYS = 8 * BK
+
+
+def key_splits(tasks: int, kv: int) -> int:
+    """How many key chunks each task's range is cut into (1: none).
+
+    Decided from the shapes alone (never the thread count), so results do not
+    depend on the machine: few tasks over many keys (a decode step over a long
+    cache) become at least ``SPLIT_TASKS`` tasks of at least ``SPLIT_MIN_KEYS``
+    keys each.
+    """
+    if tasks >= SPLIT_TASKS:
+        return 1
+    want = -(-SPLIT_TASKS // tasks)
+    return max(1, min(want, kv // SPLIT_MIN_KEYS))
+
+
+@_pjit
+def combine_parts(part, splits, heads, task_c0, task_c1, out, S, H, D):
+    """Merge the key chunks of each (split) task: rescale by the chunks' maxima, sum,
+    normalize; write the output rows and the logsumexp."""
+    lse_base = S * H * D
+    n = task_c0.shape[0]
+    for t in prange(n):
+        c0 = task_c0[t]
+        for i in range(task_c1[t] - c0):
+            c = c0 + i
+            h = heads[c // S]
+            r = c % S
+            mx = _NEG
+            for s in range(splits):
+                mx = max(mx, part[t * splits + s, i, D])
+            shift = mx if mx != _NEG else _F(0.0)
+            total = _F(0.0)
+            b = (r * H + h) * D
+            for d in range(D):
+                out[_U(b + d)] = 0.0
+            for s in range(splits):
+                u = t * splits + s
+                w = exp_f32(part[u, i, D] - shift)
+                total += w * part[u, i, D + 1]
+                for d in range(D):
+                    out[_U(b + d)] += w * part[u, i, d]
+            inv = _F(1.0) / total
+            for d in range(D):
+                out[_U(b + d)] *= inv
+            out[_U(lse_base + h * S + r)] = mx + log_f32(total)
+
+
+@_pjit
+def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss, go_sh,
+                       kvmap, dq, dk, dv, slot, dk_ss, dk_sh, scale, S, H, KV, D, off, causal,
+                       window):
+    """Gradients of the forward above (no bias) from its output ``o`` (with logsumexp).
+
+    One task per query head: its query rows and output gradient are laid out
+    once as row tiles and transposed tiles; then each key block recomputes the
+    transposed probabilities ``P^T = exp(K Q^T scale - lse)`` and accumulates
+    ``dV += P^T dO``, ``dS^T = P^T (V dO^T - delta)``, ``dK += dS^T Q scale``,
+    ``dQ += dS K scale``. ``dq`` is [S, H, D]; the key/value gradients of query
+    head ``h`` go to ``dk``/``dv`` at ``key * dk_ss + slot[h] * dk_sh``: its kv
+    head's rows when each kv head serves one query head, else a per-head
+    partial the caller sums (:func:`sum_partials`).
+    """
+    Dv = (D + NR - 1) // NR * NR
+    nqb = (S + BQ - 1) // BQ
+    Sp = nqb * BQ
+    lse_base = S * H * D
+    for h in prange(H):
+        kh = kvmap[h]
+        QT = np.zeros((nqb, D, BQ), np.float32)
+        Qb = np.zeros((nqb, BQ, Dv), np.float32)
+        GT = np.zeros((nqb, D, BQ), np.float32)
+        Gb = np.zeros((nqb, BQ, Dv), np.float32)
+        dQl = np.zeros((nqb, BQ, Dv), np.float32)
+        delta = np.zeros(Sp, np.float32)
+        lse = np.zeros(Sp, np.float32)
+        for i in range(S):
+            ib = i // BQ
+            r = i - ib * BQ
+            qb = i * q_ss + h * q_sh
+            gb = i * go_ss + h * go_sh
+            ob = (i * H + h) * D
+            dl = _F(0.0)
+            for d in range(D):
+                x = q[_U(qb + d)] * scale
+                Qb[ib, r, d] = x
+                QT[ib, d, r] = x
+                y = go[_U(gb + d)]
+                Gb[ib, r, d] = y
+                GT[ib, d, r] = y
+                dl += o[_U(ob + d)] * y
+            delta[i] = dl
+            lse[i] = o[_U(lse_base + h * S + i)]
+        Kb = np.zeros((BK, Dv), np.float32)
+        Vb = np.zeros((BK, Dv), np.float32)
+        dKj = np.empty((BK, Dv), np.float32)
+        dVj = np.empty((BK, Dv), np.float32)
+        St = np.empty((BK, BQ), np.float32)
+        dPt = np.empty((BK, BQ), np.float32)
+        for j0 in range(0, KV, BK):
+            nk = min(BK, KV - j0)
+            for r in range(nk):
+                kb = (j0 + r) * k_ss + kh * k_sh
+                vb = (j0 + r) * v_ss + kh * v_sh
+                for d in range(D):
+                    Kb[r, d] = k[_U(kb + d)]
+                for d in range(D):
+                    Vb[r, d] = v[_U(vb + d)]
+            for r in range(nk, BK):
+                for d in range(D):
+                    Kb[r, d] = 0.0
+                    Vb[r, d] = 0.0
+            dKj[:] = 0.0
+            dVj[:] = 0.0
+            # Query blocks holding a row that can see a key of this block.
+            ib_lo = 0
+            ib_hi = nqb
+            if causal:
+                ib_lo = max(0, j0 - off) // BQ
+                if window > 0:
+                    ib_hi = min(nqb, (min(S, j0 + nk - 1 - off + window) + BQ - 1) // BQ)
+            for ib in range(ib_lo, ib_hi):
+                i0 = ib * BQ
+                nq = min(BQ, S - i0)
+                qt = ib * D * BQ
+                rows = ib * BQ * Dv
+                gemm(Kb, 0, Dv, 1, QT, qt, BQ, St, 0, BQ, BK, BQ, D, False)
+                for j in range(BK):
+                    lo = 0
+                    hi = nq
+                    if j >= nk:
+                        hi = 0
+                    elif causal:  # query p = i + off sees key j0 + j when j0 + j <= p
+                        lo = max(0, j0 + j - off - i0)
+                        if window > 0:
+                            hi = min(nq, j0 + j - off + window - i0)
+                    for i in range(BQ):
+                        p = exp_f32(St[j, i] - lse[i0 + i])
+                        St[j, i] = p if (i >= lo) & (i < hi) else _F(0.0)
+                gemm(St, 0, BQ, 1, Gb, rows, Dv, dVj, 0, Dv, BK, Dv, BQ, True)
+                gemm(Vb, 0, Dv, 1, GT, qt, BQ, dPt, 0, BQ, BK, BQ, D, False)
+                for j in range(BK):
+                    for i in range(BQ):
+                        dPt[j, i] = St[j, i] * (dPt[j, i] - delta[i0 + i])
+                gemm(dPt, 0, BQ, 1, Qb, rows, Dv, dKj, 0, Dv, BK, Dv, BQ, True)
+                gemm(dPt, 0, 1, BQ, Kb, 0, Dv, dQl, rows, Dv, BQ, Dv, BK, True)
+            for r in range(nk):
+                b = (j0 + r) * dk_ss + slot[h] * dk_sh
+                for d in range(D):
+                    dk[_U(b + d)] = dKj[r, d]
+                    dv[_U(b + d)] = dVj[r, d]
+        for i in range(S):
+            ib = i // BQ
+            r = i - ib * BQ
+            b = (i * H + h) * D
+            for d in range(D):
+                dq[_U(b + d)] = dQl[ib, r, d] * scale
+
+
+@_pjit
+def sum_partials(part, kvmap, out, H, KV, KH, D):
+    """out[key, kh, :] = sum over heads h with kvmap[h] == kh of part[h, key, :]."""
+    for kh in prange(KH):
+        for j in range(KV):
+            b = (j * KH + kh) * D
+            for d in range(D):
+                out[_U(b + d)] = 0.0
+            for h in range(H):
+                if kvmap[h] == kh:
+                    pb = (h * KV + j) * D
+                    for d in range(D):
+                        out[_U(b + d)] += part[_U(pb + d)]
+
+
+# -- drivers: numpy views in, flat results out ------------------------------------
+
+
+def _flat(a: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A flat float32 buffer starting at ``a``'s first element and ``a``'s element strides.
+
+    The feature (last) axis must be unit-stride and no stride negative;
+    anything else is copied once.
+    """
+    if a.dtype != np.float32 or (a.shape[-1] > 1 and a.strides[-1] != 4) \
+            or any(s < 0 for s in a.strides):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+    item = a.itemsize
+    strides = tuple(s // item if n > 1 else 0 for s, n in zip(a.strides, a.shape))
+    extent = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
+    flat = np.lib.stride_tricks.as_strided(a, shape=(extent,), strides=(item,))
+    return flat, strides
+
+
+def check_operands(q_shape: tuple[int, ...], k_shape: tuple[int, ...],
+                   v_shape: tuple[int, ...], kvmap: np.ndarray, causal: bool,
+                   window: int, bias_shape: tuple[int, ...] | None) -> None:
+    """Every size and index the kernels read, checked before any kernel runs."""
+    if len(q_shape) != 3 or len(k_shape) != 3:
+        raise ShapeMismatch(f"attention operands must be rank 3: q {tuple(q_shape)}, "
+                            f"k {tuple(k_shape)}")
+    S, H, D = q_shape
+    KV, KH, Dk = k_shape
+    if tuple(v_shape) != (KV, KH, Dk) or Dk != D:
+        raise ShapeMismatch(f"attention operands: q {tuple(q_shape)}, k {tuple(k_shape)}, "
+                            f"v {tuple(v_shape)} ([seq, head, d] and two equal "
+                            f"[seq, kv_head, d] with the same d)")
+    if kvmap.shape != (H,):
+        raise ShapeMismatch(
+            f"kv_head_for_head has {kvmap.size} entries for {H} query heads")
+    bad = (kvmap < 0) | (kvmap >= KH)
+    if bad.any():
+        at = int(np.argmax(bad))
+        raise IndexOutOfBounds(f"kv_head_for_head[{at}] = {int(kvmap[at])} is out of range "
+                               f"for kv_head of size {KH}")
+    if causal and S > KV:
+        raise InvalidShape(f"causal attention needs q seq {S} <= kv seq {KV} (the queries "
+                           f"are the last positions of the keys)")
+    if window < 0:
+        raise InvalidShape(f"window {window} is negative")
+    if bias_shape is not None and tuple(bias_shape) != (S, KV):
+        raise ShapeMismatch(f"bias shape {tuple(bias_shape)} is not [q seq, kv seq] = "
+                            f"{(S, KV)}")
+
+
+def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, kvmap: np.ndarray, scale: float,
+            causal: bool, window: int, bias: np.ndarray | None = None,
+            out: np.ndarray | None = None) -> np.ndarray:
+    """Flat float32 result: the output [S, H, D], then the logsumexp [H, S]."""
+    S, H, D = q.shape
+    KV = k.shape[0]
+    kvmap = np.ascontiguousarray(kvmap, dtype=np.int64)
+    check_operands(q.shape, k.shape, v.shape, kvmap, causal, window,
+                   None if bias is None else bias.shape)
+    qf, (q_ss, q_sh, _) = _flat(q)
+    kf, (k_ss, k_sh, _) = _flat(k)
+    vf, (v_ss, v_sh, _) = _flat(v)
+    if bias is not None:
+        bf, (b_ss, b_sk) = _flat2(bias)
+    else:
+        bf, b_ss, b_sk = np.zeros(1, np.float32), 0, 0
+    n = S * H * D + H * S
+    if out is None:
+        out = np.empty(n, np.float32)
+    off = KV - S if causal else 0
+    heads, t_kh, t_c0, t_c1 = forward_tasks(kvmap, k.shape[1], S)
+    splits = key_splits(len(t_kh), KV)
+    if splits == 1:
+        t_k0 = np.zeros(len(t_kh), np.int64)
+        t_k1 = np.full(len(t_kh), KV, np.int64)
+        part = np.zeros((0, 0, 0), np.float32)
+        u_kh, u_c0, u_c1 = t_kh, t_c0, t_c1
+    else:  # every task repeated once per key chunk (chunks of whole blocks)
+        step = -(-KV // splits // BK) * BK
+        edges = np.minimum(np.arange(splits + 1, dtype=np.int64) * step, KV)
+        u_kh, u_c0, u_c1 = (np.repeat(a, splits) for a in (t_kh, t_c0, t_c1))
+        t_k0 = np.tile(edges[:-1], len(t_kh))
+        t_k1 = np.tile(edges[1:], len(t_kh))
+        part = np.empty((len(u_kh), BQ, D + 2), np.float32)
+    attention_forward(qf, q_ss, q_sh, kf, k_ss, k_sh, vf, v_ss, v_sh, bf, b_ss, b_sk,
+                      bias is not None, heads, u_kh, u_c0, u_c1, t_k0, t_k1, part, out,
+                      np.float32(scale), S, H, KV, D, off, bool(causal), int(window))
+    if splits > 1:
+        combine_parts(part, splits, heads, t_c0, t_c1, out, S, H, D)
+    return out
+
+
+def _flat2(a: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
+    """A [S, KV] bias as a flat buffer and its two element strides (any layout)."""
+    if a.dtype != np.float32 or any(s < 0 for s in a.strides):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+    item = a.itemsize
+    strides = tuple(s // item if n > 1 else 0 for s, n in zip(a.strides, a.shape))
+    extent = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
+    flat = np.lib.stride_tricks.as_strided(a, shape=(extent,), strides=(item,))
+    return flat, (strides[0], strides[1])
+
+
+def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, go: np.ndarray,
+             kvmap: np.ndarray, scale: float, causal: bool, window: int,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """Flat float32 gradients dq [S, H, D], dk [KV, KH, D], dv [KV, KH, D], in that order.
+
+    ``o`` is the forward's flat result (output and logsumexp), ``go`` the
+    output gradient [S, H, D].
+    """
+    S, H, D = q.shape
+    KV, KH, _ = k.shape
+    kvmap = np.ascontiguousarray(kvmap, dtype=np.int64)
+    check_operands(q.shape, k.shape, v.shape, kvmap, causal, window, None)
+    if o.shape != (S * H * D + H * S,) or o.dtype != np.float32:
+        raise ShapeMismatch(f"saved attention result has shape {o.shape}")
+    if tuple(go.shape) != (S, H, D):
+        raise ShapeMismatch(f"output gradient shape {go.shape} is not {(S, H, D)}")
+    o = np.ascontiguousarray(o)
+    qf, (q_ss, q_sh, _) = _flat(q)
+    kf, (k_ss, k_sh, _) = _flat(k)
+    vf, (v_ss, v_sh, _) = _flat(v)
+    gf, (g_ss, g_sh, _) = _flat(go)
+    nq, nk = S * H * D, KV * KH * D
+    if out is None:
+        out = np.empty(nq + 2 * nk, np.float32)
+    dq, dk, dv = out[:nq], out[nq:nq + nk], out[nq + nk:]
+    users = np.bincount(kvmap, minlength=KH)
+    off = KV - S if causal else 0
+    args = (np.float32(scale), S, H, KV, D, off, bool(causal), int(window))
+    if users.max() <= 1:
+        if users.min() == 0:  # a kv head no query head reads gets a zero gradient
+            dk[:] = 0.0
+            dv[:] = 0.0
+        attention_backward(qf, q_ss, q_sh, kf, k_ss, k_sh, vf, v_ss, v_sh, o, gf, g_ss, g_sh,
+                           kvmap, dq, dk, dv, kvmap, KH * D, D, *args)
+    else:  # grouped heads: per-head partials, summed per kv head
+        pk = np.empty(H * KV * D, np.float32)
+        pv = np.empty(H * KV * D, np.float32)
+        slot = np.arange(H, dtype=np.int64)
+        attention_backward(qf, q_ss, q_sh, kf, k_ss, k_sh, vf, v_ss, v_sh, o, gf, g_ss, g_sh,
+                           kvmap, dq, pk, pv, slot, D, KV * D, *args)
+        sum_partials(pk, kvmap, dk, H, KV, KH, D)
+        sum_partials(pv, kvmap, dv, H, KV, KH, D)
+    return out

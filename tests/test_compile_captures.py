@@ -1,0 +1,221 @@
+"""fucina.compile: captured tensors are live inputs, captured Python values are guarded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fucina as F
+
+T = F.Tensor("d")
+I64 = F.Tensor("d", dtype="i64")
+
+
+def _vec(ctx, values):
+    return T.from_slice(ctx, (len(values),), values)
+
+
+# Module-level state for the globals tests (rebound by the tests themselves).
+GLOBAL_W = None
+GLOBAL_SCALE = 2.0
+
+
+def test_rebinding_a_closure_tensor_is_seen_without_a_retrace(ctx):
+    # The issue's case: 12.0 before, 60.0 after rebinding (eager gives 60.0).
+    w = _vec(ctx, [1.0, 2.0, 3.0])
+    x = _vec(ctx, [2.0, 2.0, 2.0])
+    fast = F.compile(lambda x: x.mul(w).sum_all())
+    assert fast(x).item() == 12.0
+    w = _vec(ctx, [5.0, 10.0, 15.0])  # read through the closure cell
+    assert fast(x).item() == 60.0
+    assert fast.cache_size() == 1  # no retrace: w is a program input
+    assert "captured" in fast.ir(x)
+
+
+def test_rebinding_a_global_tensor_is_seen(ctx):
+    global GLOBAL_W
+    GLOBAL_W = _vec(ctx, [1.0, 1.0, 1.0])
+
+    def f(x):
+        return x.add(GLOBAL_W)
+
+    fast = F.compile(f)
+    x = _vec(ctx, [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(fast(x).numpy(), [2, 3, 4])
+    GLOBAL_W = _vec(ctx, [10.0, 20.0, 30.0])
+    np.testing.assert_array_equal(fast(x).numpy(), [11, 22, 33])
+    assert fast.cache_size() == 1
+
+
+def test_in_place_writes_to_a_captured_tensor_are_seen(ctx):
+    w = _vec(ctx, [1.0, 2.0, 3.0])
+    fast = F.compile(lambda x: x.mul(w))
+    x = _vec(ctx, [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(fast(x).numpy(), [1, 2, 3])
+    w.data()[:] = [4.0, 5.0, 6.0]
+    np.testing.assert_array_equal(fast(x).numpy(), [4, 5, 6])
+
+
+def test_tensors_in_objects_lists_and_dicts_are_read_at_call_time(ctx):
+    class Layer:
+        def __init__(self, w, b):
+            self.w, self.b = w, b
+
+        def __call__(self, x):
+            return x.mul(self.w).add(self.b)
+
+    class Model:
+        def __init__(self):
+            self.layers = [Layer(_vec(ctx, [1.0, 1.0]), _vec(ctx, [0.0, 0.0]))
+                           for _ in range(2)]
+            self.extra = {"shift": _vec(ctx, [0.5, 0.5])}
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x.add(self.extra["shift"])
+
+    model = Model()
+    fast = F.compile(lambda x: model.forward(x))
+    x = _vec(ctx, [1.0, 2.0])
+    np.testing.assert_allclose(fast(x).numpy(), [1.5, 2.5])
+    model.layers[1].w = _vec(ctx, [3.0, 4.0])
+    model.extra["shift"] = _vec(ctx, [0.0, 1.0])
+    np.testing.assert_allclose(fast(x).numpy(), model.forward(x).numpy())
+    np.testing.assert_allclose(fast(x).numpy(), [3.0, 9.0])
+    assert fast.cache_size() == 1
+    model.layers.append(Layer(_vec(ctx, [2.0, 2.0]), _vec(ctx, [0.0, 0.0])))
+    np.testing.assert_allclose(fast(x).numpy(), [6.0, 17.0])  # a longer list: retraced
+    assert fast.cache_size() == 2
+
+
+def test_gradients_reach_the_current_captured_parameters(ctx):
+    class Opt:  # an optimizer-like holder of parameters
+        def __init__(self, params):
+            self.params = params
+
+    w1 = T.variable_from_slice(ctx, (2,), [1.0, 2.0])
+    opt = Opt([w1])
+
+    def step(x):
+        loss = x.mul(opt.params[0]).sum_all()
+        loss.backward()
+        return loss
+
+    fast = F.compile(step)
+    x = _vec(ctx, [3.0, 4.0])
+    assert fast(x).item() == 11.0
+    np.testing.assert_array_equal(w1.grad().numpy(), [3, 4])
+    w2 = T.variable_from_slice(ctx, (2,), [0.0, 1.0])
+    opt.params[0] = w2
+    assert fast(x).item() == 4.0
+    np.testing.assert_array_equal(w2.grad().numpy(), [3, 4])
+    np.testing.assert_array_equal(w1.grad().numpy(), [3, 4])  # untouched
+    assert fast.cache_size() == 1
+
+
+def test_captured_python_values_are_guarded(ctx):
+    global GLOBAL_SCALE
+    x = _vec(ctx, [1.0, 2.0])
+    k = 2
+    name = "add_scalar"
+    shape = (2,)
+
+    def f(x):
+        y = getattr(x, name)(k * GLOBAL_SCALE)
+        return y.reshape(("e",), shape)
+
+    fast = F.compile(f)
+    np.testing.assert_array_equal(fast(x).numpy(), [5, 6])
+    k = 3
+    np.testing.assert_array_equal(fast(x).numpy(), [7, 8])
+    GLOBAL_SCALE = 1.0
+    np.testing.assert_array_equal(fast(x).numpy(), [4, 5])
+    name = "scale"
+    np.testing.assert_array_equal(fast(x).numpy(), [3, 6])
+    shape = (1, 2)  # a new static shape: retraced, and the shape check runs again
+    with pytest.raises(F.InvalidShape):
+        fast(x)
+    GLOBAL_SCALE = 2.0
+
+
+def test_a_mutated_captured_list_of_labels_is_not_stale(ctx):
+    logits = F.Tensor("n", "c").from_slice(ctx, (2, 3), [[1.0, 2.0, 3.0], [3.0, 1.0, 0.0]])
+    labels = [2, 0]
+    fast = F.compile(lambda x: x.cross_entropy("c", labels))
+    want = logits.cross_entropy("c", labels).item()
+    np.testing.assert_allclose(fast(logits).item(), want, rtol=1e-6)
+    labels[0] = 0
+    want = logits.cross_entropy("c", labels).item()
+    np.testing.assert_allclose(fast(logits).item(), want, rtol=1e-6)
+
+
+def test_captured_values_read_by_host_code_are_guarded(ctx):
+    x = _vec(ctx, [1.0, 2.0, 3.0, 4.0])
+    mask = F.Tensor("d", dtype="bool").from_slice(ctx, (4,), [True, False, True, False])
+    fast = F.compile(lambda x: x.masked_select(mask, "m").sum_all())
+    assert fast(x).item() == 4.0
+    mask.data()[:] = [False, True, True, True]  # the selection (and its size) changes
+    assert fast(x).item() == 9.0
+
+
+def test_integer_tensor_indices_are_traced_inputs(ctx):
+    x = F.Tensor("r", "c").from_slice(ctx, (3, 2), [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    fast = F.compile(lambda x, i: x.index_select("r", i, "k"))
+    i1 = I64.from_slice(ctx, (2,), [2, 0])
+    np.testing.assert_array_equal(fast(x, i1).numpy(), [[5, 6], [1, 2]])
+    i2 = I64.from_slice(ctx, (2,), [1, 1])
+    np.testing.assert_array_equal(fast(x, i2).numpy(), [[3, 4], [3, 4]])
+    assert fast.cache_size() == 1
+    gather = F.compile(lambda x, i: x.gather("r", i, "k"))
+    np.testing.assert_array_equal(gather(x, i1).numpy(), [[5, 6], [1, 2]])
+    np.testing.assert_array_equal(gather(x, i2).numpy(), [[3, 4], [3, 4]])
+    assert gather.cache_size() == 1
+    idx = F.Tensor("r", "c", dtype="i64").from_slice(ctx, (1, 2), [[2, 0]])
+    take = F.compile(lambda x: x.take_along_axis("r", idx))  # a captured index tensor
+    np.testing.assert_array_equal(take(x).numpy(), [[5, 2]])
+    idx.data()[:] = [1, 2]
+    np.testing.assert_array_equal(take(x).numpy(), [[3, 6]])
+    assert take.cache_size() == 1
+
+
+def test_static_containers_and_tensors_inside_them(ctx):
+    a, b = _vec(ctx, [1.0, 2.0]), _vec(ctx, [3.0, 4.0])
+    fast = F.compile(lambda pair, opts: pair[0].mul(pair[1]).scale(opts["k"]))
+    np.testing.assert_array_equal(fast((a, b), {"k": 2.0}).numpy(), [6, 16])
+    np.testing.assert_array_equal(fast([b, a], {"k": 1.0}).numpy(), [3, 8])
+    with pytest.raises(TypeError, match="set"):
+        fast((a, b), {1, 2})
+
+
+def test_a_deinit_captured_tensor_raises_as_eager(ctx):
+    w = _vec(ctx, [1.0, 2.0])
+    fast = F.compile(lambda x: x.mul(w))
+    x = _vec(ctx, [1.0, 1.0])
+    fast(x)
+    w.deinit()
+    with pytest.raises(F.Deinitialized):
+        fast(x)
+
+
+def test_outputs_live_on_the_context_of_their_inputs():
+    c1, c2 = F.ExecContext(), F.ExecContext()
+    fast = F.compile(lambda x: x.scale(2.0))
+    for c in (c1, c2):
+        y = fast(_vec(c, [1.0]))
+        assert y._ctx is c
+    assert fast.cache_size() == 1
+
+
+def test_temporary_views_of_captures_never_alias_a_later_capture(ctx):
+    # Regression: lifted captures were memoized by id(node); a view made while tracing
+    # (pos.narrow(...)) was freed and its id reused by a later view, which then got the
+    # stale lifted node ((16, 8) instead of a broadcast to (1, 16, 8)).
+    x0 = np.arange(16 * 8, dtype=np.float32).reshape(1, 16, 8)
+    p0 = np.arange(32 * 8, dtype=np.float32).reshape(32, 8) / 7
+    t0 = np.arange(2 * 8, dtype=np.float32).reshape(2, 8) / 3
+    x = F.Tensor("b", "s", "d").from_numpy(ctx, x0)
+    p = F.Tensor("pos", "d").from_numpy(ctx, p0)
+    t = F.Tensor("type", "d").from_numpy(ctx, t0).select("type", 0)
+    fast = F.compile(lambda x: x.add(p.narrow("pos", 0, 16).with_tags("s", "d")).add(t))
+    np.testing.assert_allclose(fast(x).numpy(), x0 + p0[:16] + t0[0], rtol=1e-6)

@@ -1,0 +1,163 @@
+"""Reductions over every axis choice (leading, middle, last, pairs) and dtype against numpy,
+compiled against eager: covers both loop orders of the generated row kernel (reduced axes
+inside, and the swapped order for reductions over strided axes) and the softmax kernel
+that stores exp once."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import fucina as F
+from fucina.ir import fusion, program
+from fucina.kernels import codegen as cg
+
+RNG = np.random.default_rng(13)
+TAGS = ("a", "b", "c")
+# The innermost kept run spans several swap blocks plus a remainder.
+SHAPE = (3, 5, cg.SWAP_BLOCK * 2 + 37)
+AXES = [(t,) for t in TAGS] + list(itertools.combinations(TAGS, 2))
+
+
+def _values(dtype: str, shape: tuple[int, ...] = SHAPE) -> np.ndarray:
+    if dtype == "bool":
+        return RNG.random(shape) > 0.5
+    if dtype in ("f32", "f64"):
+        return RNG.standard_normal(shape).astype(np.float32 if dtype == "f32" else np.float64)
+    info = {"i8": np.int8, "u8": np.uint8, "i32": np.int32, "i64": np.int64}[dtype]
+    lo, hi = (0, 50) if dtype == "u8" else (-50, 50)
+    return RNG.integers(lo, hi, shape).astype(info)
+
+
+def _reduce(t, fn: str, tags: tuple[str, ...]):
+    if len(tags) == 2 and fn == "sum" and hasattr(t, "sum_many"):
+        return t.sum_many(list(tags))
+    for tag in tags:
+        t = getattr(t, fn)(tag)
+    return t
+
+
+def _np_reduce(v: np.ndarray, fn: str, tags: tuple[str, ...]) -> np.ndarray:
+    axes = tuple(TAGS.index(t) for t in tags)
+    if fn in ("sum", "mean") and v.dtype.kind in "iub":
+        v = v.astype(np.int64)
+    if len(tags) == 2 and fn != "sum":  # chained single-tag reductions
+        out = getattr(np, fn)(v, axis=axes[0])
+        return getattr(np, fn)(out, axis=axes[1] - 1)
+    return getattr(np, fn)(v, axis=axes)
+
+
+def _check(ctx, v: np.ndarray, dtype: str, fn: str, tags: tuple[str, ...],
+           rtol: float) -> None:
+    x = F.Tensor(*TAGS, dtype=dtype).from_slice(ctx, v.shape, v)
+    want = _np_reduce(v.astype(np.float64) if dtype in ("f32", "f64") else v, fn, tags)
+    eager = _reduce(x, fn, tags).numpy()
+    compiled = F.compile(lambda t: _reduce(t, fn, tags))(x).numpy()
+    if dtype in ("f32", "f64"):
+        np.testing.assert_allclose(eager, want, rtol=rtol, atol=rtol * 10)
+    else:
+        np.testing.assert_array_equal(eager, want)
+    np.testing.assert_allclose(compiled, eager, rtol=rtol, atol=rtol * 10)
+
+
+@pytest.mark.parametrize("tags", AXES, ids=["".join(t) for t in AXES])
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "i8", "u8", "bool"])
+def test_sum_every_axis_and_dtype(ctx, dtype, tags):
+    _check(ctx, _values(dtype), dtype, "sum", tags, 1e-5 if dtype == "f32" else 1e-12)
+
+
+@pytest.mark.parametrize("tags", AXES, ids=["".join(t) for t in AXES])
+@pytest.mark.parametrize("fn", ["mean", "max", "min", "prod"])
+def test_float_reductions_every_axis(ctx, fn, tags):
+    v = _values("f32")
+    if fn == "prod":  # keep products finite and away from underflow
+        v = (1.0 + 0.01 * v).astype(np.float32)
+    _check(ctx, v, "f32", fn, tags, 1e-5)
+
+
+def test_mean_f64_leading_axis(ctx):
+    _check(ctx, _values("f64"), "f64", "mean", ("a",), 1e-12)
+
+
+def test_max_nan_propagates_over_a_leading_axis(ctx):
+    v = _values("f32")
+    v[1, 2, 7] = np.nan
+    x = F.Tensor(*TAGS).from_slice(ctx, v.shape, v)
+    got = x.max("a").numpy()
+    assert np.isnan(got[2, 7]) and np.isnan(F.compile(lambda t: t.max("a"))(x).numpy()[2, 7])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(v.max(axis=0)))
+
+
+def test_sum_of_a_permuted_view_and_fused_producer(ctx):
+    v = _values("f32")
+    x = F.Tensor(*TAGS).from_slice(ctx, v.shape, v)
+    for fn in (lambda t: t.permute_to("c", "a", "b").sum("a"),
+               lambda t: t.mul(t).sum("a")):
+        eager = fn(x).numpy()
+        np.testing.assert_allclose(F.compile(fn)(x).numpy(), eager, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x.permute_to("c", "a", "b").sum("a").numpy(),
+                               v.sum(axis=0).T, rtol=1e-5, atol=1e-5)
+
+
+def test_parallel_leading_axis_sum(ctx):
+    v = _values("f32", (5, 64, 1031))  # past the parallel threshold
+    x = F.Tensor(*TAGS).from_slice(ctx, v.shape, v)
+    for tags in (("a",), ("b",)):
+        _check(ctx, v, "f32", "sum", tags, 1e-5)
+    np.testing.assert_allclose(x.sum("a").numpy(), v.astype(np.float64).sum(axis=0),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _np_softmax(v: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(v - v.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@pytest.mark.parametrize("shape", [SHAPE, (5, 64, 1031)], ids=["serial", "parallel"])
+@pytest.mark.parametrize("tag", TAGS)
+def test_softmax_every_axis(ctx, tag, shape):
+    v = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    x = F.Tensor(*TAGS).from_slice(ctx, v.shape, v)
+    axis = TAGS.index(tag)
+    want = _np_softmax(v.astype(np.float64), axis)
+    eager = x.softmax(tag).numpy()
+    np.testing.assert_allclose(eager, want, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(F.compile(lambda t: t.softmax(tag))(x).numpy(), eager,
+                               rtol=2e-6, atol=1e-7)
+    logsm = x.log_softmax(tag).numpy()
+    np.testing.assert_allclose(logsm, np.log(want), rtol=1e-5, atol=1e-5)
+
+
+def _spec(tensor_fn, ctx, monkeypatch, shape):
+    """The kernel specs the compiled program of ``tensor_fn`` builds."""
+    v = RNG.standard_normal(shape).astype(np.float32)
+    x = F.Tensor(*TAGS).from_slice(ctx, v.shape, v)
+    specs: list[cg.KernelSpec] = []
+
+    def spy(*a, **k):
+        built = fusion.build(*a, **k)
+        specs.append(built.spec)
+        return built
+
+    monkeypatch.setattr(program, "build", spy)
+    F.compile(tensor_fn)(x)
+    monkeypatch.undo()
+    return specs
+
+
+def test_loop_order_and_exp_once_are_chosen_by_layout(ctx, monkeypatch):
+    # Sum over the contiguous last axis: reduced axis inside. Over a leading axis: swapped.
+    last = [s for s in _spec(lambda t: t.sum("c"), ctx, monkeypatch, (4, 6, 8)) if s.nr]
+    lead = [s for s in _spec(lambda t: t.sum("a"), ctx, monkeypatch, (4, 6, 9)) if s.nr]
+    assert last and lead
+    assert not cg.swapped(last[0]) and cg.swapped(lead[0])
+    src = cg.generate(lead[0])
+    assert "for j in range(kl):" in src
+    # Softmax over the last axis: one kernel, exp evaluated once (stored, then rescaled).
+    sm = [s for s in _spec(lambda t: t.softmax("c"), ctx, monkeypatch, (4, 6, 10)) if s.nr]
+    assert len(sm) == 1
+    k = cg.stored_value(sm[0])
+    assert k is not None and "exp" in sm[0].steps[k].expr
+    assert cg.generate(sm[0]).count("sf.exp(") == 1
