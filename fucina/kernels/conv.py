@@ -79,6 +79,11 @@ def _scratch(count: int) -> np.ndarray:
     return POOL.take(np.dtype(np.float32), count)
 
 
+#: A result buffer: pooled too, so a compiled program's result (pooled storage,
+#: back to the pool when released) is reused by the next call.
+_result = _scratch
+
+
 def _f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -161,7 +166,7 @@ def unfold(x: np.ndarray, win: Window) -> np.ndarray:
     kh, kw, sh, sw, ph, pw, dh, dw = win
     oH, oW = out_hw(H, W, win)
     _check_out(oH, oW, win, H, W)
-    col = np.empty(B * oH * oW * kh * kw * C, np.float32)
+    col = _result(B * oH * oW * kh * kw * C)
     _im2col(x.reshape(-1), H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, 0,
             B * oH * oW, col)
     return col.reshape(B, oH * oW, kh * kw, C)
@@ -176,7 +181,7 @@ def fold(cols: np.ndarray, hw: tuple[int, int], win: Window) -> np.ndarray:
     oH, oW = out_hw(H, W, win)
     _check_out(oH, oW, win, H, W)
     _expect(cols, (B, oH * oW, kh * kw, C), "fold patches")
-    dx = np.empty(B * H * W * C, np.float32)
+    dx = _result(B * H * W * C)
     _col2im(cols.reshape(-1), B, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, dx)
     return dx.reshape(B, H, W, C)
 
@@ -447,12 +452,15 @@ def winograd_tile(hw_out: tuple[int, int]) -> int:
 
 def winograd_weights(w: np.ndarray, m: int) -> np.ndarray:
     """U = G g G^T per (in, out) channel pair: planes ``[n*n, Cin, Cout]`` (f64 math)."""
-    w = np.asarray(w, dtype=np.float64)
+    w = np.asarray(w)
     co, kh, kw, ci = w.shape
     _expect(w, (co, 3, 3, ci), "winograd weights")
     g = WINOGRAD[m][1]
-    u = np.einsum("ik,klco,jl->ijco", g, w.transpose(1, 2, 3, 0), g, optimize=True)
-    return np.ascontiguousarray(u.reshape(-1, ci, co), dtype=np.float32)
+    n = g.shape[0]
+    taps = np.ascontiguousarray(w.transpose(1, 2, 3, 0), dtype=np.float64)  # [ky, kx, ci, co]
+    rows = (g @ taps.reshape(3, -1)).reshape(n, 3, ci * co)  # G along ky
+    u = np.matmul(g, rows)  # G along kx: [n, n, ci*co]
+    return u.reshape(n * n, ci, co).astype(np.float32)
 
 
 def _conv_winograd(x: np.ndarray, u: np.ndarray, m: int, bias: np.ndarray | None,
@@ -680,7 +688,7 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: W
     if bias is not None:
         bias = _f32(bias)
         _expect(bias, (Co,), "conv bias")
-    out = np.empty((B, oH, oW, Co), np.float32)
+    out = _result(B * oH * oW * Co).reshape(B, oH, oW, Co)
     if groups > 1:
         B_, H, W, C, Co, G, cg, cog = _direct_args(x.shape, w.shape, groups)
         wt = np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(-1)
@@ -709,7 +717,7 @@ def conv2d_grad_input(g: np.ndarray, w: np.ndarray, in_shape: tuple[int, ...], w
     _expect(g, (B, oH, oW, Co), "conv output gradient")
     sh, sw, ph, pw, dh, dw = win[2:]
     if groups > 1:
-        dx = np.empty(B * H * W * C, np.float32)
+        dx = _result(B * H * W * C)
         wt = np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(-1)
         _conv_direct_dx(g.reshape(-1), wt, *_direct_args(in_shape, w.shape, groups),
                         kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, dx)
@@ -725,7 +733,7 @@ def conv2d_grad_input(g: np.ndarray, w: np.ndarray, in_shape: tuple[int, ...], w
     # General stride: per chunk of images, dcol = g @ W then col2im.
     K = kh * kw * C
     wm = w.reshape(Co, K)
-    dx = np.empty(B * H * W * C, np.float32)
+    dx = _result(B * H * W * C)
     per = max(1, min(B, 2 * TILE_BYTES // max(1, 4 * oH * oW * K)))
     for b0 in range(0, B, per):
         b1 = min(B, b0 + per)
@@ -890,7 +898,7 @@ def pool2d(x: np.ndarray, fn: str, win: Window) -> np.ndarray:
     B, H, W, C = x.shape
     oH, oW = check_pool(x.shape, win)
     kh, kw, sh, sw, ph, pw = win[:6]
-    out = np.empty(B * oH * oW * C, np.float32)
+    out = _result(B * oH * oW * C)
     _pool(x.reshape(-1), B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW, fn == "max", out)
     return out.reshape(B, oH, oW, C)
 
@@ -903,7 +911,7 @@ def pool2d_grad(x: np.ndarray, g: np.ndarray, fn: str, win: Window) -> np.ndarra
     oH, oW = check_pool(x.shape, win)
     _expect(g, (B, oH, oW, C), "pool output gradient")
     kh, kw, sh, sw, ph, pw = win[:6]
-    dx = np.empty(B * H * W * C, np.float32)
+    dx = _result(B * H * W * C)
     if fn == "max":
         _max_pool_dx(x.reshape(-1), g.reshape(-1), B, H, W, C, kh, kw, sh, sw, ph, pw, oH, oW,
                      dx)

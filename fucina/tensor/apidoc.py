@@ -25,7 +25,7 @@ END = "<!-- END GENERATED METHOD REFERENCE -->"
 
 #: op-family modules in reading order; mixins of modules not listed follow, by name.
 _MODULE_ORDER = ("base", "construct", "views", "structural", "math", "unary", "masks",
-                 "reductions", "scans", "softmax", "norms", "rope", "attention", "gated",
+                 "reductions", "scans", "softmax", "norms", "rope", "attention", "conv", "gated",
                  "activations", "elemental", "losses", "selection", "inplace", "contract",
                  "quantized", "autograd")
 
