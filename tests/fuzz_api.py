@@ -213,9 +213,19 @@ def build_input(spec: InputSpec, ctxs: list[F.ExecContext]) -> Any:
     return T.from_numpy(ctx, vals)
 
 
+class MissingResult(Exception):
+    """A call names a result the replay did not produce: the number of tensors a call
+    returns (``unbind``, ``split``) depends on the input shapes, so a program drawn on
+    one set of shapes need not apply to another. A harness condition, not an API error."""
+
+
 def _resolve(v: Any, ins: list[Any], outs: list[Any]) -> Any:
     if isinstance(v, Ref):
-        return ins[v.index] if v.kind == "in" else outs[v.index]
+        if v.kind == "in":
+            return ins[v.index]
+        if v.index >= len(outs):
+            raise MissingResult(f"out{v.index} not produced (only {len(outs)} results)")
+        return outs[v.index]
     if isinstance(v, tuple):
         return tuple(_resolve(u, ins, outs) for u in v)
     if isinstance(v, list):
