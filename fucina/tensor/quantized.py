@@ -88,7 +88,7 @@ class QuantizedMatmul(Tensor):
         _fused_operands(what, rhs, _FUSED_PACKS, self, norm_weight)
         _rank2(what, self, T.check_tag(contract))
         normed = self.rms_norm_mul(contract, norm_weight, eps)  # type: ignore[attr-defined]
-        return normed.dot_packed(rhs, contract, out_tag)  # type: ignore[no-any-return]
+        return normed.dot_packed(rhs, contract, out_tag)
 
     def split_swi_glu_dot_packed(self, rhs: PackedRhs, split_tag: str,
                                  out_tag: str) -> F32Tensor:
@@ -100,7 +100,7 @@ class QuantizedMatmul(Tensor):
         _fused_operands(what, rhs, _FUSED_PACKS, self)
         _rank2(what, self, T.check_tag(split_tag))
         gated = self.split_gated("swiglu", split_tag, split_tag)  # type: ignore[attr-defined]
-        return gated.dot_packed(rhs, split_tag, out_tag)  # type: ignore[no-any-return]
+        return gated.dot_packed(rhs, split_tag, out_tag)
 
     def geglu_quant_dot_packed(self, up: Tensor, rhs: PackedRhs, in_tag: str,
                                out_tag: str) -> F32Tensor:
@@ -118,7 +118,7 @@ class QuantizedMatmul(Tensor):
         if up.shape != self.shape:
             raise ShapeMismatch(f"{what}: up has sizes {up.shape}, the gate {self.shape}")
         h = up.mul(self.unary("gelu_quant"))  # type: ignore[attr-defined]
-        return h.dot_packed(rhs, in_tag, out_tag)  # type: ignore[no-any-return]
+        return h.dot_packed(rhs, in_tag, out_tag)
 
 
 class PackRhs(Tensor):
