@@ -274,6 +274,11 @@ class Tensor(metaclass=_TensorMeta):
         """The underlying raw tensor (a borrow: do not mutate or deinit it)."""
         return self._node.value
 
+    @property
+    def value(self) -> RawTensor:
+        """The reference's ``value`` field: the raw tensor ``as_raw_tensor()`` returns."""
+        return self._node.value
+
     def data_const(self) -> np.ndarray:
         """Read-only 1-D numpy view of the storage in logical order."""
         flat = readable(self).flat().view()
