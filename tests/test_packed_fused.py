@@ -15,7 +15,12 @@ import pytest
 
 import fucina as F
 import fucina.gguf as G
-from fucina.errors import GradientQuantizedMatmulUnsupported, ShapeMismatch, TagError
+from fucina.errors import (
+    GradientPackedMatmulUnsupported,
+    GradientQuantizedMatmulUnsupported,
+    ShapeMismatch,
+    TagError,
+)
 
 RNG = np.random.default_rng(11)
 N, K = 16, 64
@@ -129,3 +134,23 @@ def test_fused_packed_errors(ctx):
     fast = F.compile(lambda x: x.split_swi_glu_dot_packed(dense, "in", "out"))
     with pytest.raises(TagError, match="split_swi_glu_dot_packed"):
         fast(x)
+
+
+def test_inference_only_refusals_hold_under_a_no_grad_compile(ctx):
+    # traced under no_grad, a variable argument still requires grad (as in eager)
+    pack, _ = _pack(ctx, "q8_0")
+    dense = F.Tensor("out", "in").from_slice(ctx, (N, K), W_F32).pack_rhs()
+    xv = F.Tensor("s", "in").variable_from_slice(ctx, (2, 2 * K), np.ones((2, 2 * K)))
+    xk = F.Tensor("s", "in").variable_from_slice(ctx, (2, K), np.ones((2, K)))
+
+    def split(x):
+        return x.split_swi_glu_dot_packed(pack, "in", "out")
+
+    def plain(x):
+        return x.dot_packed(dense, "in", "out")
+
+    for fn, x, err in ((split, xv, GradientQuantizedMatmulUnsupported),
+                       (plain, xk, GradientPackedMatmulUnsupported)):
+        for call in (fn, F.compile(fn)):
+            with F.no_grad(), pytest.raises(err):
+                call(x)

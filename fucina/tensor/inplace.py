@@ -30,7 +30,16 @@ from ..ir.graph import Node, leaf
 from ..kernels import inplace as K
 from ..kernels.elementwise import PUBLIC_UNARY
 from ..runtime.gradmode import no_grad
-from .base import Tensor, align_node, broadcast_sizes, check_tensor, new, result, same_ctx
+from .base import (
+    Tensor,
+    align_node,
+    broadcast_sizes,
+    check_tensor,
+    new,
+    operand_requires_grad,
+    result,
+    same_ctx,
+)
 from .math import same_shape
 from .norms import spread
 from .structural import _const
@@ -42,18 +51,9 @@ if TYPE_CHECKING:
 Vector = Sequence[float] | np.ndarray | Tensor
 
 
-def _requires_grad(x: Tensor) -> bool:
-    """``x.requires_grad``; while tracing, that of the caller's tensor (an argument traced
-    under no_grad still requires grad when it is a variable, as in eager)."""
-    tracer: Any = current_tracer()
-    if tracer is None:
-        return x.requires_grad
-    return bool(tracer.concrete_requires_grad(x._node))
-
-
 def _no_grad_operands(what: str, *xs: Any) -> None:
     for x in xs:
-        if isinstance(x, Tensor) and _requires_grad(x):
+        if isinstance(x, Tensor) and operand_requires_grad(x):
             raise UnsupportedGradient(f"{what} is an inference helper: its operands must not "
                                       "require grad")
 
@@ -65,7 +65,7 @@ def _vector(self: Any, v: Any, n: int, what: str) -> Node:
         same_ctx(self, v)
         if v.dtype is not DType.f32 or v.tag_count != 1:
             raise TagError(f"{what} must be a rank-1 f32 tensor, got {v!r}")
-        if _requires_grad(v):
+        if operand_requires_grad(v):
             raise UnsupportedGradient(f"{what} is a constant here (no gradient); use add() "
                                       "for a trainable bias")
         if v.shape[0] != n:

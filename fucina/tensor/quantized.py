@@ -15,7 +15,7 @@ from ..dtypes import DType
 from ..errors import GradientQuantizedMatmulUnsupported, ShapeMismatch, TagError
 from ..ir import quantized as Q
 from ..kernels.qmatmul import PackedRhs
-from .base import Tensor, check_tensor, result, same_ctx
+from .base import Tensor, check_tensor, operand_requires_grad, result, same_ctx
 
 if TYPE_CHECKING:
     from .branches import F32Tensor
@@ -38,7 +38,7 @@ def _fused_operands(what: str, pack: object, dtypes: tuple[str, ...], *xs: Tenso
                        f"a {pack.dtype} {pack.layout!r} pack (use the unfused ops and "
                        "dot_packed)")
     for x in xs:
-        if x.requires_grad:
+        if operand_requires_grad(x):
             raise GradientQuantizedMatmulUnsupported(
                 f"{what} is inference only: an operand requires grad (use dot for training)")
 
@@ -75,7 +75,7 @@ class QuantizedMatmul(Tensor):
         inference only (``GradientQuantizedMatmulUnsupported`` /
         ``GradientPackedMatmulUnsupported`` when ``self`` requires grad)."""
         node, out = Q.packed_nodes(self._node, self.axis_tags, packed, T.check_tag(contract),
-                                   out_tag)
+                                   out_tag, operand_requires_grad(self))
         return result(self, out, node, DType.f32)
 
     def rms_norm_mul_dot_packed(self, norm_weight: Tensor, eps: float, rhs: PackedRhs,
