@@ -224,3 +224,11 @@ def test_grad_state_set_grad_under_compile(ctx):
         w.zero_grad()
     step(x)
     np.testing.assert_array_equal(w.grad().numpy(), [5.0, 6.0, 7.0])
+
+
+def test_root_types_of_the_fields_and_packs(ctx):
+    w = F.Tensor("out", "in").from_slice(ctx, (2, 2), [1.0, 2.0, 3.0, 4.0])
+    packed = w.pack_rhs()
+    assert isinstance(packed, F.PackedRhs) and (packed.n, packed.k) == (2, 2)
+    v = F.Tensor("a").variable_from_slice(ctx, (2,), [1.0, 2.0])
+    assert isinstance(v.grad_state, F.GradState)

@@ -144,7 +144,7 @@ class GradFields(Tensor):
 
     @property
     def grad_state(self) -> GradState | None:
-        """The gradient state when the tensor requires grad, else None: a ``GradState``
+        """The gradient state when the tensor requires grad, else None: a ``fucina.GradState``
         with ``set_grad(grad)``, ``zero_grad()``, ``grad_clone()`` and ``grad_view()``."""
         return GradState(self) if self._node.requires_grad else None
 

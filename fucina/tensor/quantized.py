@@ -129,7 +129,8 @@ class PackRhs(Tensor):
 
     def pack_rhs(self) -> PackedRhs:
         """Snapshot this weight in its dtype's layout: ``"dense_f32"`` (f16/bf16 widened
-        once) or ``"blocks"`` (GGML rows as stored); independent of this tensor."""
+        once) or ``"blocks"`` (GGML rows as stored); a ``fucina.PackedRhs`` independent
+        of this tensor."""
         return Q.pack_nodes(self._node, None)
 
     def pack_rhs_layout(self, layout: str) -> PackedRhs:
