@@ -63,10 +63,12 @@ from .errors import (
     UnsupportedView,
 )
 from .kernels.cache import CacheInfo, cache_info
+from .kernels.qmatmul import PackedRhs
 from .runtime.context import ExecContext
 from .runtime.gradmode import is_grad_enabled, no_grad
 from .runtime.rope import AxisRange, RopeTable, RopeTheta
 from .tensor import SliceRange, Tensor, einsum_many
+from .tensor.autograd import GradState
 from .tensor.conv import PreparedConvWeights
 from .tensor.selection import RouterTopKResult, TopKResult
 
@@ -132,6 +134,8 @@ __all__ = [
     "GradientCastUnsupported",
     "GradientPreparedConv2dUnsupported",
     "PreparedConvWeights",
+    "PackedRhs",
+    "GradState",
     "IndexOutOfBounds",
     "InvalidDataLength",
     "InvalidShape",

@@ -153,6 +153,11 @@ class _Tracer:
         self.grad_presence: dict[int, bool] = {}    # input -> its tensor has a grad at call
         self.clears: list[int] = []                 # inputs whose grad is dropped at call end
         self._grad_inputs: dict[int, Node] = {}
+        # The in-place inference helpers on tensor arguments (see assign / consume).
+        self.arg_rg: dict[int, bool] = {}       # id(argument input) -> its tensor's requires_grad
+        self.arg_writes: dict[int, str] = {}    # argument index -> the helper writing into it
+        self.consumed: list[int] = []           # arguments a take_* op consumes
+        self._local: set[int] = set()           # updated program constants: no write-back
 
     def record(self, node: Node) -> None:
         """Nothing to keep: the program is reached from its outputs."""
@@ -173,6 +178,49 @@ class _Tracer:
         base = self._lift(node)
         hit = self._version.get(id(base))
         return base if hit is None else hit[1]
+
+    def fresh(self, node: Node) -> Node:
+        """The value a traced op reads for a traced node: an argument or a value computed
+        while tracing that an in-place helper updated reads as its newest value, and so
+        does every view of it (views share storage in eager mode)."""
+        if not self._version:
+            return node
+        hit = self._version.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        if node.inputs and OPS.get(node.op, _NO_OP).is_view:
+            base = node.inputs[0]
+            nb = self.fresh(base) if base.value.storage.buf is None else self.lift(base)
+            if nb is not base:
+                with enable_grad() if node.requires_grad else no_grad():
+                    return emit(node.op, (nb,), node.tags, **node.attrs)
+        return node
+
+    def _root(self, node: Node) -> Node:
+        while node.inputs and OPS.get(node.op, _NO_OP).is_view:
+            node = node.inputs[0]
+        return node
+
+    def concrete_requires_grad(self, node: Node) -> bool:
+        """``requires_grad`` of the tensor a traced node stands for: an argument (or a
+        view of one) requires grad as the caller's tensor does, whatever the grad mode
+        the function was traced under."""
+        root = self._root(node)
+        return self.arg_rg.get(id(root), node.requires_grad) if root.op == "input" \
+            else node.requires_grad
+
+    def _arg_index(self, node: Node) -> int | None:
+        if node.op != "input":
+            return None
+        kind, v = self.bindings[node.attrs["index"]]
+        return v if kind == "arg" else None
+
+    def consume(self, node: Node) -> None:
+        """A take_* op consumed the traced tensor ``node``: when it is a whole argument,
+        the caller's tensor is consumed by every call (as eager consumes it)."""
+        k = self._arg_index(node)
+        if k is not None and k not in self.consumed:
+            self.consumed.append(k)
 
     def _lift(self, node: Node) -> Node:
         hit = self._lifted.get(id(node))
@@ -224,9 +272,36 @@ class _Tracer:
         # Views lifted before this point read the old value: lift them again when used.
         self._lifted = {k: v for k, v in self._lifted.items() if v[1].op == "input"}
 
+    def update(self, target: Node, value: Node, what: str) -> None:
+        """An in-place inference helper (``what``) set ``target`` to ``value``.
+
+        Later reads in the trace see ``value``. An argument or a captured tensor
+        gets it written back after every run; a tensor the function made while
+        tracing (a program constant) does not, since eager makes it afresh per call.
+        """
+        if not target.value.is_symbolic:
+            base = self._target(target, what)
+            if self.bindings[base.attrs["index"]][0] == "pinned":
+                self._local.add(id(base))
+            self._version[id(base)] = (base, value)
+            self._lifted = {k: v for k, v in self._lifted.items() if v[1].op == "input"}
+            return
+        if target.inputs and OPS.get(target.op, _NO_OP).is_view:
+            raise TypeError(
+                f"{what} inside fucina.compile needs a whole tensor (an argument, a capture "
+                "or a computed value), not a view made inside the function: update the "
+                "tensor it views, or pass the view as an argument")
+        if target.op == "input":
+            k = self._arg_index(target)
+            if k is None:
+                raise TypeError(f"{what} inside fucina.compile cannot update this tensor")
+            self.arg_writes.setdefault(k, what)
+        self._version[id(target)] = (target, value)
+
     def writes(self) -> list[tuple[int, Node]]:
         """(input index, final value) of every assigned input."""
-        return [(base.attrs["index"], v) for base, v in self._version.values() if v is not base]
+        return [(base.attrs["index"], v) for base, v in self._version.values()
+                if v is not base and base.op == "input" and id(base) not in self._local]
 
     def grad(self, node: Node) -> Node | None:
         """The gradient the variable ``node`` holds at this point of the traced call."""
@@ -280,6 +355,34 @@ class _Tracer:
 _NO_OP = OpDef("")
 
 
+def _check_argument_updates(entry: _Entry, a: _Args, found: list[Any]) -> None:
+    """The checks eager in-place helpers make on the caller's tensors, at every call:
+    the traced program writes into (or consumes) arguments whose storage the trace could
+    not see."""
+    from .errors import ActiveExecScopeUnsupported, UnsupportedView
+
+    for k in entry.consumed:
+        if a.tensors[k]._scoped:
+            raise ActiveExecScopeUnsupported(
+                f"argument {k} is consumed by a take_* op, and an exec scope owns it; use the "
+                "out-of-place op inside a scope")
+    if not entry.arg_writes:
+        return
+    storages = [t._node.value.storage for t in a.tensors] + [
+        t._node.value.storage for t in found]
+    for k, what in entry.arg_writes:
+        st = storages[k]
+        if st.readonly:
+            raise UnsupportedView(f"{what}: the tensor's storage is read-only (borrowed const)")
+        for j, other in enumerate(storages):
+            if j != k and other is st:
+                who = f"argument {j}" if j < len(a.tensors) else "a captured tensor"
+                raise TypeError(
+                    f"{what} inside fucina.compile writes into argument {k}, whose storage "
+                    f"{who} shares: the program reads its inputs as they were at the call; "
+                    "pass tensors with their own storage or call the function eagerly")
+
+
 class _Entry:
     """One traced signature: its program, how to bind inputs and rebuild outputs."""
 
@@ -311,6 +414,9 @@ class _Entry:
         # Optimizer steps traced into the program (see _Tracer.assign/grad/zero_grad).
         self.prologues = tracer.prologues
         self.clears = tracer.clears
+        # In-place helpers on tensor arguments: written back / consumed at every call.
+        self.arg_writes = sorted(tracer.arg_writes.items())
+        self.consumed = tracer.consumed
         self.grad_presence = sorted(tracer.grad_presence.items())
 
     # -- guards ----------------------------------------------------------------------
@@ -535,6 +641,7 @@ class Compiled:
             rg = node.requires_grad and is_grad_enabled()
             inp = tracer.add_input(node.value, t.axis_tags, rg, ("arg", k))
             tracer.arg_nodes.add(id(node))
+            tracer.arg_rg[id(inp)] = node.requires_grad
             sym.append(type(t)._from_node(inp, t._ctx))
         sargs, skw = a.rebuild(args, kwargs, sym)
         flat: list[Node] = []
@@ -546,6 +653,8 @@ class Compiled:
                 node = o._node
                 if not node.value.is_symbolic:  # returned as is: read it at call time
                     node = tracer.lift(node)
+                else:  # its newest value after any in-place update
+                    node = tracer.fresh(node)
                 flat.append(node)
                 out_types.append(type(o))
                 out_ctx_objs.append(o._ctx)
@@ -621,11 +730,18 @@ class Compiled:
         if tracer is not None:
             return self._inline(tracer, args, kwargs)
         entry, a, found = self._lookup(args, kwargs)
+        if entry.arg_writes or entry.consumed:
+            _check_argument_updates(entry, a, found)
         for prologue in entry.prologues:
             prologue()
         nodes = entry.bound(a, found)
         in_raws = [n.value for n in nodes]
         raws = entry.program.run(in_raws)
+        for k in entry.consumed:  # a take_* op consumed this argument, as eager does
+            t = a.tensors[k]
+            if t._node_ is not None:
+                t._node_.value.storage.release()
+                t._node_ = None
         for k in entry.clears:  # zero_grad() ran inside the function
             if nodes[k].op == "variable":
                 nodes[k].grad = None

@@ -132,6 +132,15 @@ ADDED[B.F32Tensor] |= _names(
     "cross_entropy_ext linear_cross_entropy linear_cross_entropy_ext linear_distill "
     "linear_distill_ext mse_loss huber_loss bce_loss kl_div_loss nll_loss cosine_similarity "
     "top_k sort argsort multinomial router_top_k")
+# The reference's fields (§3.10): value on every branch, grad_state and scope_owned on
+# the branches with gradient machinery (f32 and the typed floats).
+for _b in ADDED:
+    ADDED[_b] |= {"value"}
+for _b in (B.F32Tensor, B.HalfTensor, B.F64Tensor):
+    ADDED[_b] |= {"grad_state", "scope_owned"}
+# REFERENCE §4.9's fused packed entries (f32 only).
+ADDED[B.F32Tensor] |= _names(
+    "rms_norm_mul_dot_packed split_swi_glu_dot_packed geglu_quant_dot_packed")
 UNIVERSE = set().union(*OLD.values(), *ADDED.values())
 BRANCH_OF = {
     "f32": B.F32Tensor, "f16": B.HalfTensor, "bf16": B.HalfTensor, "f64": B.F64Tensor,

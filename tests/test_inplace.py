@@ -77,11 +77,129 @@ def test_in_place_errors(ctx):
     np.testing.assert_array_equal(x.numpy(), X0)  # nothing was written by failed calls
 
 
-def test_in_place_refuses_tracing(ctx):
-    x = _x(ctx)
+def _pair(ctx, values=X0):
+    """The same values twice: one tensor for eager, one for the compiled call."""
+    return _x(ctx, values), _x(ctx, values)
+
+
+def test_in_place_helpers_compile_like_eager(ctx):
+    def f(x, o):
+        v = x.permute_to(("c", "r"))  # a view made before the updates reads the new values
+        before = x.sum_all()          # ... and a value computed before them the old ones
+        x.add_axis_vector_in_place(B0, "c")
+        x.add_scaled_in_place(o, -0.5)
+        x.add_axis_vector_unary_in_place("gelu", B0, "c")
+        return before, v.scale(2.0), x.mul(x)
+
+    fast = F.compile(f)
+    for trial in range(3):  # every call updates its own argument: never stale
+        xe, xc = _pair(ctx, X0 + trial)
+        oe, oc = _pair(ctx, X0 * 3)
+        want = f(xe, oe)
+        got = fast(xc, oc)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(xc.numpy(), xe.numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(oc.numpy(), X0 * 3)
+    # numpy oracle for the last call
+    x64 = X0 + 2 + B0 - 0.5 * X0 * 3 + B0
+    gelu = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64**3)))
+    np.testing.assert_allclose(xc.numpy(), gelu, rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_compiled_returns_none_and_writes_through_the_argument(ctx):
     fast = F.compile(lambda x: x.add_axis_vector_in_place(B0, "c"))
-    with pytest.raises(TypeError, match="in place"):
-        fast(x)
+    xe, xc = _pair(ctx)
+    held = xc.data_const()  # a numpy view of the argument's buffer sees the write
+    assert xe.add_axis_vector_in_place(B0, "c") is None
+    assert fast(xc) is None
+    np.testing.assert_array_equal(xc.numpy(), xe.numpy())
+    np.testing.assert_array_equal(held.reshape(2, 3), X0 + B0)
+    assert fast(xc) is None  # a second call adds again, as eager would
+    np.testing.assert_array_equal(xc.numpy(), X0 + 2 * B0)
+    # a strided argument (a transposed view) is written through its strides
+    base = _x(ctx)
+    fast2 = F.compile(lambda t: t.add_axis_vector_in_place([1.0, 2.0], "r"))
+    fast2(base.permute_to(("c", "r")))
+    np.testing.assert_array_equal(base.numpy(), X0 + [[1.0], [2.0]])
+
+
+def test_in_place_on_captured_and_local_tensors_under_compile(ctx):
+    acc = F.Tensor("r", "c").zeros(ctx, (2, 3))
+
+    def accumulate(x):  # a captured buffer: updated by every call
+        acc.add_scaled_in_place(x, 2.0)
+        return acc.scale(1.0)
+
+    fast = F.compile(accumulate)
+    x = _x(ctx)
+    np.testing.assert_array_equal(fast(x).numpy(), 2 * X0)
+    np.testing.assert_array_equal(fast(x).numpy(), 4 * X0)
+    np.testing.assert_array_equal(acc.numpy(), 4 * X0)
+
+    def local(x):  # made inside the function: fresh per call in eager, so here too
+        t = F.Tensor("r", "c").ones(ctx, (2, 3))
+        t.add_scaled_in_place(x, 1.0)
+        return t
+
+    fast_local = F.compile(local)
+    for _ in range(3):
+        np.testing.assert_array_equal(fast_local(x).numpy(), X0 + 1)
+    h = F.compile(lambda x: _update_and_read(x.scale(2.0)))  # a computed value
+    np.testing.assert_array_equal(h(x).numpy(), _update_and_read(x.scale(2.0)).numpy())
+
+
+def _update_and_read(y):
+    y.add_axis_vector_unary_in_place("relu", B0, "c")
+    return y.sum("r")
+
+
+def test_in_place_compiled_errors_match_eager(ctx):
+    fast = F.compile(lambda x: x.add_axis_vector_in_place(B0, "c"))
+    ro = F.Tensor("r", "c").from_borrowed_const_slice(ctx, (2, 3), X0.copy())
+    for call in (lambda t: t.add_axis_vector_in_place(B0, "c"), fast):
+        with pytest.raises(F.UnsupportedView, match="read-only"):
+            call(ro)
+    np.testing.assert_array_equal(ro.numpy(), X0)
+    xc = _x(ctx)
+    fast(xc)  # traced with a writable tensor, then called with a read-only one
+    with pytest.raises(F.UnsupportedView, match="read-only"):
+        fast(ro)
+    bc = F.Tensor("c").from_slice(ctx, (3,), B0).broadcast_to(("r", "c"), (2, 3))
+    for call in (lambda t: t.add_axis_vector_in_place(B0, "c"), fast):
+        with pytest.raises(F.UnsupportedView, match="broadcast"):
+            call(bc)
+    v = F.Tensor("r", "c").variable_from_slice(ctx, (2, 3), X0)
+    for call in (lambda t: t.add_axis_vector_in_place(B0, "c"), fast):
+        with pytest.raises(F.UnsupportedGradient):
+            call(v)
+        with F.no_grad(), pytest.raises(F.UnsupportedGradient):
+            call(v)  # still a variable: traced under no_grad, refused as in eager
+    np.testing.assert_array_equal(v.detach().numpy(), X0)
+    bad_op = F.compile(lambda t: t.add_axis_vector_unary_in_place("nope", B0, "c"))
+    bad_size = F.compile(lambda t: t.add_axis_vector_in_place([1.0, 2.0], "c"))
+    bad_axis = F.compile(lambda t: t.add_axis_vector_in_place([1.0, 2.0], "r"))
+    for call, err in ((bad_op, F.TagError), (bad_size, F.ShapeMismatch),
+                      (bad_axis, F.TagError)):
+        with pytest.raises(err):
+            call(_x(ctx))
+
+
+def test_in_place_compiled_refusals(ctx):
+    # a view made inside the function: eager writes through it; a program cannot
+    fast = F.compile(lambda x: x.permute_to(("c", "r")).add_scaled_in_place(
+        x.permute_to(("c", "r")), 1.0))
+    with pytest.raises(TypeError, match="not a view made inside"):
+        fast(_x(ctx))
+    # an argument written in place whose storage another argument shares
+    both = F.compile(lambda x, y: (x.add_scaled_in_place(y, 1.0), y.scale(1.0))[1])
+    x = _x(ctx)
+    with pytest.raises(TypeError, match="shares"):
+        both(x, x)
+    np.testing.assert_array_equal(x.numpy(), X0)  # refused before anything ran
+    y = _x(ctx)
+    np.testing.assert_array_equal(both(x, y).numpy(), X0)
+    np.testing.assert_array_equal(x.numpy(), 2 * X0)
 
 
 def test_take_add_no_grad_reuses_an_exclusive_buffer(ctx):
@@ -140,6 +258,29 @@ def test_take_ops_compile_to_their_values(ctx):
     fast = F.compile(lambda x, b: x.scale(1.0).take_add_no_grad(b).take_scale_no_grad(2.0))
     np.testing.assert_array_equal(fast(x, b).numpy(), (X0 + B0) * 2)
     np.testing.assert_array_equal(x.numpy(), X0)
+
+
+def test_take_ops_consume_a_compiled_argument_like_eager(ctx):
+    f = F.compile(lambda x, b: x.take_add_no_grad(b).take_scale_no_grad(2.0))
+    b = F.Tensor("c").from_slice(ctx, (3,), B0)
+    for _ in range(2):
+        xe, xc = _pair(ctx)
+        want = xe.take_add_no_grad(b).take_scale_no_grad(2.0)
+        np.testing.assert_array_equal(f(xc, b).numpy(), want.numpy())
+        for t in (xe, xc):  # both consumed
+            with pytest.raises(F.Deinitialized):
+                t.numpy()
+    np.testing.assert_array_equal(b.numpy(), B0)
+    g = F.compile(lambda x: x.take_scale_no_grad(2.0))
+    with ctx.exec_scope():
+        s = _x(ctx).scale(1.0)  # an op result: the scope owns it
+        for call in (lambda t: t.take_scale_no_grad(2.0), g):
+            with pytest.raises(F.ActiveExecScopeUnsupported):
+                call(s)
+        np.testing.assert_array_equal(s.numpy(), X0)  # still alive
+    v = F.Tensor("r", "c").variable_from_slice(ctx, (2, 3), X0)
+    with F.no_grad(), pytest.raises(F.UnsupportedGradient):
+        g(v)
 
 
 def test_bias_add(ctx):

@@ -33,6 +33,10 @@ class Tracer(Protocol):
     def gradient(self, leaf: Node, grad: Node) -> None:
         """A backward pass inside the trace produced ``grad`` for ``leaf``."""
 
+    def fresh(self, node: Node) -> Node:
+        """The value a traced op reads for a traced (symbolic) input node: itself, or
+        its newest value after an in-place update."""
+
     def lift(self, node: Node) -> Node:
         """The value a traced op reads for a concrete (data-holding) input node.
 
@@ -75,7 +79,9 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
     if tracer is not None and d.layout is None:
         # A compute op reads data: concrete inputs become program inputs or constants.
         # (Views of concrete tensors stay concrete, so traced host code may still read them.)
-        inputs = tuple(i if i.value.storage.buf is None else tracer.lift(i) for i in inputs)
+        # Traced inputs read their newest value after an in-place update (tracer.fresh).
+        inputs = tuple(tracer.fresh(i) if i.value.storage.buf is None else tracer.lift(i)
+                       for i in inputs)
     check = ATTR_CHECKS.get(op)
     if check is not None:
         check(inputs, attrs)

@@ -271,8 +271,10 @@ def pack_nodes(wn: Node, layout: str | None) -> Any:
 
 
 def packed_nodes(xn: Node, xtags: tuple[str, ...], pack: Any, contract: str,
-                 out_tag: str) -> tuple[Node, tuple[str, ...]]:
-    """``x.dot_packed(pack, contract, out_tag)``: rank-2 [free, contract] input."""
+                 out_tag: str, requires_grad: bool | None = None
+                 ) -> tuple[Node, tuple[str, ...]]:
+    """``x.dot_packed(pack, contract, out_tag)``: rank-2 [free, contract] input
+    (``requires_grad``: the caller's tensor's, when it differs from the traced node's)."""
     from .. import tags as T
     from ..errors import (
         GradientPackedMatmulUnsupported,
@@ -290,7 +292,7 @@ def packed_nodes(xn: Node, xtags: tuple[str, ...], pack: Any, contract: str,
     T.check_tag(out_tag)
     if out_tag == xtags[0]:
         raise TagError(f"dot_packed: out_tag {out_tag!r} repeats the input's free tag")
-    if xn.requires_grad:
+    if xn.requires_grad if requires_grad is None else requires_grad:
         cls = GradientPackedMatmulUnsupported if pack.layout == "dense_f32" \
             else GradientQuantizedMatmulUnsupported
         raise cls("dot_packed has no gradient: the input requires grad (use dot for training)")

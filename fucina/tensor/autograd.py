@@ -93,6 +93,67 @@ class Detach(Tensor):
         node.grad = None
 
 
+class GradState:
+    """The gradient state of a tensor that requires grad (the reference's ``GradState``,
+    reached through ``x.grad_state``): its accumulated f32 gradient, read or replaced."""
+
+    __slots__ = ("_tensor",)
+
+    def __init__(self, tensor: Tensor):
+        self._tensor = tensor
+
+    def set_grad(self, grad: Tensor) -> None:
+        """Replace the accumulated gradient with ``grad`` (f32, the tensor's tags and
+        shape); the state keeps its own copy."""
+        t: Any = self._tensor
+        check_tensor(grad, "grad")
+        same_ctx(t, grad)
+        if tuple(grad.axis_tags) != tuple(t.axis_tags) or grad.dtype is not DType.f32:
+            raise TagError(f"set_grad needs an f32 gradient tagged {t.axis_tags}, got "
+                           f"{type(grad)!r}")
+        if grad.shape != t.shape:
+            raise ShapeMismatch(f"set_grad: gradient shape {grad.shape} differs from {t.shape}")
+        tracer: Any = current_tracer()
+        if tracer is not None:
+            if not hasattr(tracer, "set_grad"):
+                raise TypeError("set_grad cannot be traced here")
+            tracer.set_grad(t._node, grad._node)
+            return
+        t._node.grad = grad._node.value.contiguous_copy()
+
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradient (``x.zero_grad()``)."""
+        self._tensor.zero_grad()  # type: ignore[attr-defined]
+
+    def grad_clone(self) -> F32Tensor | None:
+        """An owned copy of the accumulated gradient, or None (``x.grad()``)."""
+        return self._tensor.grad()  # type: ignore[attr-defined]
+
+    def grad_view(self) -> F32Tensor | None:
+        """A view of the live gradient buffer, or None (``x.grad_view()``)."""
+        return self._tensor.grad_view()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"GradState({type(self._tensor)!r})"
+
+
+class GradFields(Tensor):
+    """The reference's ``grad_state`` and ``scope_owned`` fields (float branches)."""
+
+    __slots__ = ()
+
+    @property
+    def grad_state(self) -> GradState | None:
+        """The gradient state when the tensor requires grad, else None: a ``fucina.GradState``
+        with ``set_grad(grad)``, ``zero_grad()``, ``grad_clone()`` and ``grad_view()``."""
+        return GradState(self) if self._node.requires_grad else None
+
+    @property
+    def scope_owned(self) -> bool:
+        """True for an op result an open exec scope owns (its ``deinit`` is a no-op)."""
+        return self._scoped
+
+
 class GradAccess(Tensor):
     """Reading accumulated gradients (f32, and f16/bf16 leaves whose gradients are f32)."""
 

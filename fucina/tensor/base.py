@@ -36,7 +36,7 @@ from ..errors import (
     TagError,
     UnsupportedView,
 )
-from ..ir.execute import emit
+from ..ir.execute import current_tracer, emit
 from ..ir.graph import Node
 from ..runtime.context import ExecContext
 from ..runtime.raw import RawTensor
@@ -274,6 +274,11 @@ class Tensor(metaclass=_TensorMeta):
         """The underlying raw tensor (a borrow: do not mutate or deinit it)."""
         return self._node.value
 
+    @property
+    def value(self) -> RawTensor:
+        """The reference's ``value`` field: the raw tensor ``as_raw_tensor()`` returns."""
+        return self._node.value
+
     def data_const(self) -> np.ndarray:
         """Read-only 1-D numpy view of the storage in logical order."""
         flat = readable(self).flat().view()
@@ -442,6 +447,16 @@ def same_ctx(self: Tensor, *others: Tensor) -> None:
             self._node  # noqa: B018
             o._node  # noqa: B018
             raise ContextMismatch("operands belong to different ExecContexts")
+
+
+def operand_requires_grad(x: Tensor) -> bool:
+    """``x.requires_grad``; while tracing, that of the caller's tensor: an argument traced
+    under no_grad still requires grad when it is a variable, so inference-only ops refuse
+    it as in eager."""
+    tracer: Any = current_tracer()
+    if tracer is None or not hasattr(tracer, "concrete_requires_grad"):
+        return x.requires_grad
+    return bool(tracer.concrete_requires_grad(x._node))
 
 
 def check_tensor(x: Any, what: str = "operand") -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..dtypes import DType
 from .activations import ParamActivations
 from .attention import Attention
-from .autograd import Backward, Cast, Detach, GradAccess
+from .autograd import Backward, Cast, Detach, GradAccess, GradFields
 from .base import ItemAccess, Tensor
 from .construct import (
     BlockConstructors,
@@ -75,7 +75,7 @@ class F32Tensor(
     F32Reductions, FloatReductions, Sum,
     MaskOps, Select, UnaryF32, UnaryMath,
     Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
-    Backward, GradAccess, Detach, Cast,
+    Backward, GradAccess, GradFields, Detach, Cast,
     F32Constructors, Variables, Filled, Wrap,
     IndexedOps, Padding, Rearrange, RowEdits, Concat,
     StridedViews, SplitMerge, AxisViews, Retag, ItemAccess,
@@ -93,7 +93,7 @@ class HalfTensor(
     FloatReductions, HalfSum,
     Select, UnaryMath,
     Logic, Ordering, ScalarMath, FloatArithmetic, Arithmetic,
-    GradAccess, Detach, Cast,
+    GradAccess, GradFields, Detach, Cast,
     Variables, Filled, Wrap,
     Padding, Rearrange, RowEdits, Concat,
     SplitMerge, AxisViews, Retag, ItemAccess,
@@ -108,7 +108,7 @@ class HalfTensor(
 class F64Tensor(
     Dot, Sum,
     FloatArithmetic, Arithmetic,
-    Detach, Cast,
+    GradFields, Detach, Cast,
     Filled, Wrap,
     Rearrange, RowEdits, Concat,
     SplitMerge, AxisViews, Retag, ItemAccess,

@@ -5,9 +5,13 @@ the bias is a constant). The in-place helpers write into the tensor's own
 storage, so every view of it sees the new values; the ``take_*`` helpers
 consume the tensor (any later use raises Deinitialized) and reuse its buffer
 when nothing else can observe it. All of these reject operands that require
-grad (UnsupportedGradient). In-place updates of a tensor cannot be traced by
-``fucina.compile`` (a TypeError there): a compiled program computes new
-values, it does not write into its arguments.
+grad (UnsupportedGradient).
+
+Under ``fucina.compile`` an in-place update is recorded by the tracer
+(``update``): later reads in the trace see the new value, and the program
+writes it into the argument's (or captured tensor's) storage at every call,
+as the optimizers' ``assign`` does, with eager's checks on the caller's
+tensor; a take_* op consumes the argument it was given.
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ from ..ir.graph import Node, leaf
 from ..kernels import inplace as K
 from ..kernels.elementwise import PUBLIC_UNARY
 from ..runtime.gradmode import no_grad
-from .base import Tensor, align_node, broadcast_sizes, check_tensor, new, result, same_ctx
+from .base import (
+    Tensor,
+    align_node,
+    broadcast_sizes,
+    check_tensor,
+    new,
+    operand_requires_grad,
+    result,
+    same_ctx,
+)
 from .math import same_shape
 from .norms import spread
 from .structural import _const
@@ -40,7 +53,7 @@ Vector = Sequence[float] | np.ndarray | Tensor
 
 def _no_grad_operands(what: str, *xs: Any) -> None:
     for x in xs:
-        if isinstance(x, Tensor) and x.requires_grad:
+        if isinstance(x, Tensor) and operand_requires_grad(x):
             raise UnsupportedGradient(f"{what} is an inference helper: its operands must not "
                                       "require grad")
 
@@ -52,7 +65,7 @@ def _vector(self: Any, v: Any, n: int, what: str) -> Node:
         same_ctx(self, v)
         if v.dtype is not DType.f32 or v.tag_count != 1:
             raise TagError(f"{what} must be a rank-1 f32 tensor, got {v!r}")
-        if v.requires_grad:
+        if operand_requires_grad(v):
             raise UnsupportedGradient(f"{what} is a constant here (no gradient); use add() "
                                       "for a trainable bias")
         if v.shape[0] != n:
@@ -78,15 +91,17 @@ def _axis_vector(self: Any, bias: Any, axis_tag: str, last_only: bool) -> Node:
 
 
 def _update_in_place(self: Any, what: str, build: Any) -> None:
-    """Compute ``build(self node)`` and write it into self's own storage."""
-    if current_tracer() is not None:
-        raise TypeError(f"{what} updates a tensor in place and cannot be traced by "
-                        "fucina.compile; use the out-of-place op (add, bias_add, ...) inside "
-                        "a compiled function")
-    raw = self._node.value
-    K.check_target(raw, what)
+    """Compute ``build(self node)`` and write it into self's own storage (while tracing:
+    record the write; the program performs it)."""
+    node = self._node
+    raw = node.value
+    K.check_target(raw, what)  # a traced argument's read-only flag is checked per call
     with no_grad():
-        y = build(self._node)
+        y = build(node)
+    tracer: Any = current_tracer()
+    if tracer is not None:
+        tracer.update(node, y, what)
+        return
     K.write(raw, y.value)
 
 
@@ -104,10 +119,13 @@ def _consume(self: Any, what: str, inplace: Any, functional: Any) -> Any:
         out = new(type(self), leaf(raw, self.axis_tags, False), self._ctx)
         self._node_ = None  # the buffer now belongs to the result
         return out
+    tracer: Any = current_tracer()
     with no_grad():
         out = result(self, self.axis_tags, functional(node))
-    if current_tracer() is None:
+    if tracer is None:
         raw.storage.release()
+    elif raw.is_symbolic:
+        tracer.consume(node)  # an argument: every call consumes the caller's tensor
     self._node_ = None
     return out
 
