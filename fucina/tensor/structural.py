@@ -24,6 +24,7 @@ from ..errors import (
     TagError,
     UnsupportedGradient,
 )
+from ..ir.checks import check_unique
 from ..ir.execute import emit
 from ..ir.graph import Node, leaf
 from ..runtime.raw import MAX_ELEMENTS, RawTensor
@@ -32,8 +33,8 @@ from .base import (
     Tensor,
     align_node,
     check_tensor,
-    host_indices,
     identity_view,
+    index_input,
     result,
     same_ctx,
     sizes_of,
@@ -75,20 +76,24 @@ def _gather_node(self: Any, axis: int, idx: np.ndarray) -> Node:
     return emit("gather", (self._node,), axis=axis, index=idx)
 
 
+def _rows_node(op: str, inputs: tuple[Node, ...], idx: np.ndarray | Node, axis: int,
+               **attrs: Any) -> Node:
+    """``op`` over ``inputs`` at rows ``idx``: host rows in the attributes, a traced
+    index (an integer tensor's i64 node) as the last input."""
+    if isinstance(idx, Node):
+        return emit(op, (*inputs, idx), axis=axis, index=None, **attrs)
+    return emit(op, inputs, axis=axis, index=idx)
+
+
+def _count(idx: np.ndarray | Node) -> int:
+    return int(idx.size) if isinstance(idx, np.ndarray) else idx.shape[0]
+
+
 def _gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
     i = T.index(self.axis_tags, tag)
     out = T.replace_tag(self.axis_tags, tag, out_tag)
-    if isinstance(indices, Tensor):
-        # An i64 tensor is a traced value under compile (never a retrace); the IR checks
-        # its values when the gather runs.
-        _index_tensor(indices, "indices")
-        if indices.tag_count != 1:
-            raise TagError(f"gather needs a rank-1 index tensor, got tags {indices.axis_tags}")
-        same_ctx(self, indices)
-        return result(self, out, emit("gather", (self._node, indices._node), axis=i,
-                                      index=None))
-    idx = host_indices(indices, self._node.shape[i], tag)
-    return result(self, out, _gather_node(self, i, idx))
+    idx = index_input(self, indices, self._node.shape[i], tag)
+    return result(self, out, _rows_node("gather", (self._node,), idx, i))
 
 
 def _concat(self: Any, tag: str, others: Any) -> Any:
@@ -105,21 +110,15 @@ def _concat(self: Any, tag: str, others: Any) -> Any:
     return result(self, self.axis_tags, node)
 
 
-def _index_tensor(index: Any, what: str) -> None:
-    check_tensor(index, what)
-    if index.dtype is not DType.i64:
-        raise TagError(f"{what} must be an i64 tensor, got {index.dtype.value}")
-
-
 def _set_rows_node(self: Any, axis: int, idx: np.ndarray, update: Node) -> Node:
     return emit("set_index", (self._node, update), axis=axis, index=idx)
 
 
-def _zero_rows(self: Any, axis: int, idx: np.ndarray) -> Any:
+def _zero_rows(self: Any, axis: int, idx: np.ndarray | Node) -> Any:
     shape = list(self.shape)
-    shape[axis] = idx.size
+    shape[axis] = _count(idx)
     zeros = emit("fill", (), shape=tuple(shape), dtype=self.dtype, value=0)
-    return result(self, self.axis_tags, _set_rows_node(self, axis, idx, zeros))
+    return result(self, self.axis_tags, _rows_node("set_index", (self._node, zeros), idx, axis))
 
 
 def _pad_node(node: Node, axis: int, before: int, after: int, fill: float) -> Node:
@@ -258,8 +257,8 @@ class RowEdits(Tensor):
 
     def gather(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor,
                out_tag: str) -> Self:
-        """Rows ``indices`` along ``tag`` (host ints or a rank-1 i64 tensor), the axis
-        retagged ``out_tag``."""
+        """Rows ``indices`` along ``tag`` (host ints or a rank-1 integer tensor, a traced
+        input under compile), the axis retagged ``out_tag``."""
         return _gather(self, tag, indices, out_tag)
 
     def set_slice(self, tag: str, start: int, update: Tensor) -> Self:
@@ -275,18 +274,23 @@ class RowEdits(Tensor):
         idx = np.arange(start, start + n, dtype=np.int64)
         return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
 
-    def set_rows(self, tag: str, indices: Sequence[int] | np.ndarray, update: Tensor) -> Self:
-        """Copy of self with rows ``indices`` (unique) along ``tag`` overwritten by ``update``."""
+    def set_rows(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor,
+                 update: Tensor) -> Self:
+        """Copy of self with rows ``indices`` (unique; host ints or a rank-1 integer
+        tensor) along ``tag`` overwritten by ``update``."""
         i = T.index(self.axis_tags, tag)
         _same_type(self, update, "update")
-        idx = host_indices(indices, self.shape[i], tag)
-        if len(np.unique(idx)) != idx.size:
-            raise InvalidShape(f"set_rows: duplicate indices in {idx.tolist()}")
-        if update.shape[i] != idx.size:
+        idx = index_input(self, indices, self.shape[i], tag)
+        if isinstance(idx, np.ndarray):
+            check_unique(idx, "set_rows")  # a tensor's values: when the op runs
+        n = _count(idx)
+        if update.shape[i] != n:
             raise InvalidShape(f"set_rows: update has {update.shape[i]} rows along {tag!r}, "
-                               f"{idx.size} indices given")
+                               f"{n} indices given")
         _match_except(self, update, tag, "set_rows")
-        return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
+        node = _rows_node("set_index", (self._node, update._node), idx, i,
+                          **({"unique": True} if isinstance(idx, Node) else {}))
+        return result(self, self.axis_tags, node)
 
 
 class Rearrange(Tensor):
@@ -377,16 +381,19 @@ class IndexedOps(Tensor):
                 f"index_select needs a rank-1 index tensor, got tags {index.axis_tags}")
         return _gather(self, tag, index, out_tag)
 
-    def index_add(self, tag: str, indices: Sequence[int] | np.ndarray, update: Tensor) -> Self:
-        """Copy of self with ``update``'s rows added at ``indices`` (duplicates accumulate)."""
+    def index_add(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor,
+                  update: Tensor) -> Self:
+        """Copy of self with ``update``'s rows added at ``indices`` (host ints or a rank-1
+        integer tensor; duplicates accumulate)."""
         i = T.index(self.axis_tags, tag)
         _same_type(self, update, "update")
-        idx = host_indices(indices, self.shape[i], tag)
-        if update.shape[i] != idx.size:
+        idx = index_input(self, indices, self.shape[i], tag)
+        n = _count(idx)
+        if update.shape[i] != n:
             raise InvalidShape(f"index_add: update has {update.shape[i]} rows along {tag!r}, "
-                               f"{idx.size} indices given")
+                               f"{n} indices given")
         _match_except(self, update, tag, "index_add")
-        node = emit("index_add", (self._node, update._node), axis=i, index=idx)
+        node = _rows_node("index_add", (self._node, update._node), idx, i)
         return result(self, self.axis_tags, node)
 
     def zero_slice(self, tag: str, start: int, length: int) -> Self:
@@ -399,10 +406,12 @@ class IndexedOps(Tensor):
                                    f"{tag!r} of size {dim}")
         return _zero_rows(self, i, np.arange(start, start + length, dtype=np.int64))
 
-    def zero_rows(self, tag: str, indices: Sequence[int] | np.ndarray) -> Self:
-        """Copy of self with rows ``indices`` along ``tag`` zeroed."""
+    def zero_rows(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor) -> Self:
+        """Copy of self with rows ``indices`` (host ints or a rank-1 integer tensor) along
+        ``tag`` zeroed."""
         i = T.index(self.axis_tags, tag)
-        return _zero_rows(self, i, np.unique(host_indices(indices, self.shape[i], tag)))
+        idx = index_input(self, indices, self.shape[i], tag)
+        return _zero_rows(self, i, np.unique(idx) if isinstance(idx, np.ndarray) else idx)
 
     def take_along_axis(self, tag: str, indices: Tensor) -> Self:
         """torch.gather along ``tag`` with a same-tagged i64 index tensor."""
@@ -522,13 +531,14 @@ class BlockRows(Tensor):
 
     __slots__ = ()
 
-    def get_rows(self, tag: str, indices: Sequence[int] | np.ndarray, out_tag: str,
+    def get_rows(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor, out_tag: str,
                  ) -> F32Tensor:
-        """Gather rows of a rank-2 block-quantized tensor and dequantize them to f32."""
+        """Gather rows ``indices`` (host ints or a rank-1 integer tensor) of a rank-2
+        block-quantized tensor and dequantize them to f32."""
         i = T.index(self.axis_tags, tag)
         if self.tag_count != 2 or i != 0:
             raise TagError("get_rows gathers along the row (first) axis of a rank-2 tensor")
         out = T.replace_tag(self.axis_tags, tag, out_tag)
-        idx = host_indices(indices, self._node.shape[i], tag)
-        rows = _gather_node(self, i, idx)
+        idx = index_input(self, indices, self._node.shape[i], tag)
+        rows = _rows_node("gather", (self._node,), idx, i)
         return result(self, out, emit("dequantize", (rows,), src=self.dtype), DType.f32)

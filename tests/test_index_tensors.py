@@ -1,0 +1,239 @@
+"""Host index data accepts a sequence, numpy integers or an integer tensor (API.md §8).
+
+For every op taking row indices: the three forms give the same values; under
+``compile`` a tensor is a traced input (new values, new results, no retrace);
+a bad index raises the same ``IndexOutOfBounds`` eager and compiled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fucina as F
+
+X = F.Tensor("r", "c")
+M = F.Tensor("n", "c")
+I64 = F.Tensor("k", dtype="i64")
+I32 = F.Tensor("k", dtype="i32")
+
+BASE = np.arange(8, dtype=np.float32).reshape(4, 2)
+UPD = np.array([[10.0, 20.0], [30.0, 40.0]], dtype=np.float32)
+
+
+def _x(ctx):
+    return X.from_slice(ctx, (4, 2), BASE)
+
+
+def _u(ctx):
+    return X.from_slice(ctx, (2, 2), UPD)
+
+
+def _set_rows(idx):
+    out = BASE.copy()
+    out[idx] = UPD
+    return out
+
+
+def _index_add(idx):
+    out = BASE.copy()
+    np.add.at(out, idx, UPD)
+    return out
+
+
+def _zero_rows(idx):
+    out = BASE.copy()
+    out[idx] = 0
+    return out
+
+
+# op name -> (f(x, indices, update), numpy expectation over int64 indices)
+OPS = {
+    "gather": (lambda x, i, u: x.gather("r", i, "k"), lambda idx: BASE[idx]),
+    "set_rows": (lambda x, i, u: x.set_rows("r", i, u), _set_rows),
+    "index_add": (lambda x, i, u: x.index_add("r", i, u), _index_add),
+    "zero_rows": (lambda x, i, u: x.zero_rows("r", i), _zero_rows),
+}
+
+
+def _forms(ctx, values):
+    """The same indices as a list, numpy ints, an i64 tensor and an i32 tensor."""
+    return [list(values), np.array(values, dtype=np.int32),
+            I64.from_slice(ctx, (len(values),), values),
+            I32.from_slice(ctx, (len(values),), values)]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_every_index_form_gives_the_same_values(ctx, op):
+    fn, want = OPS[op]
+    x, u = _x(ctx), _u(ctx)
+    values = [3, 1]
+    for idx in _forms(ctx, values):
+        np.testing.assert_array_equal(fn(x, idx, u).numpy(), want(np.array(values)))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_a_tensor_index_is_a_traced_input(ctx, op):
+    fn, want = OPS[op]
+    x, u = _x(ctx), _u(ctx)
+    fast = F.compile(fn)
+    for values in ([3, 1], [0, 2], [2, 1]):
+        idx = I64.from_slice(ctx, (2,), values)
+        got = fast(x, idx, u).numpy()
+        np.testing.assert_array_equal(got, want(np.array(values)))
+        np.testing.assert_array_equal(got, fn(x, idx, u).numpy())
+    assert fast.cache_size() == 1  # new index values never retrace
+
+
+def test_a_captured_index_tensor_is_read_at_call_time(ctx):
+    x, u = _x(ctx), _u(ctx)
+    idx = I64.from_slice(ctx, (2,), [3, 1])
+    fast = F.compile(lambda x: x.index_add("r", idx, u))
+    np.testing.assert_array_equal(fast(x).numpy(), _index_add([3, 1]))
+    idx.data()[:] = [1, 1]  # duplicates accumulate
+    np.testing.assert_array_equal(fast(x).numpy(), _index_add([1, 1]))
+    assert fast.cache_size() == 1
+
+
+def _errors(fn, x, bad, u):
+    """Errors of the host list, the eager tensor and the compiled tensor (trace, cached)."""
+    errors = []
+    with pytest.raises(F.TensorError) as info:
+        fn(x, list(bad), u)
+    errors.append(info.value)
+    idx = I64.from_slice(x._ctx, (len(bad),), bad)
+    for f in (fn, F.compile(fn)):
+        for _ in range(1 if f is fn else 2):
+            with pytest.raises(F.TensorError) as info:
+                f(x, idx, u)
+            errors.append(info.value)
+    return errors
+
+
+@pytest.mark.parametrize("bad", [-1, 4, 2**40])
+@pytest.mark.parametrize("op", list(OPS))
+def test_bad_indices_raise_the_same_error_eager_and_compiled(ctx, op, bad):
+    fn, _ = OPS[op]
+    x, u = _x(ctx), _u(ctx)
+    errors = _errors(fn, x, [0, bad], u)
+    assert len(errors) == 4
+    for e in errors:
+        assert type(e) is F.IndexOutOfBounds
+        assert str(e) == f"index {bad} out of range for 'r' of size 4"
+
+
+def test_duplicate_set_rows_indices_raise_the_same_error(ctx):
+    fn, _ = OPS["set_rows"]
+    x, u = _x(ctx), _u(ctx)
+    for e in _errors(fn, x, [2, 2], u):
+        assert type(e) is F.InvalidShape
+        assert str(e) == "set_rows: duplicate indices in [2, 2]"
+
+
+def test_zero_rows_accepts_repeated_tensor_indices(ctx):
+    x = _x(ctx)
+    idx = I64.from_slice(ctx, (3,), [1, 1, 3])
+    for f in (lambda x, i: x.zero_rows("r", i), F.compile(lambda x, i: x.zero_rows("r", i))):
+        np.testing.assert_array_equal(f(x, idx).numpy(), _zero_rows([1, 3]))
+
+
+@pytest.mark.parametrize("op", ["set_rows", "index_add"])
+def test_gradients_through_a_traced_index(ctx, op):
+    # d/dx and d/du of sum(out * w) with w = [[1, 2]] * row number: x keeps its gradient
+    # where rows are not overwritten; u reads w at its target rows.
+    fn, _ = OPS[op]
+    w = np.array([[1.0, 2.0]], dtype=np.float32) * np.arange(1, 5, dtype=np.float32)[:, None]
+    values = [3, 0]
+
+    def loss(x, i, u):
+        out = fn(x, i, u).mul(X.from_slice(ctx, (4, 2), w)).sum_all()
+        out.backward()
+        return out
+
+    want_gx = w.copy()
+    if op == "set_rows":
+        want_gx[values] = 0
+    want_gu = w[values]
+    for f in (loss, F.compile(loss)):
+        for _ in range(2):
+            x = X.variable_from_slice(ctx, (4, 2), BASE)
+            u = X.variable_from_slice(ctx, (2, 2), UPD)
+            idx = I64.from_slice(ctx, (2,), values)
+            want = (_set_rows if op == "set_rows" else _index_add)(np.array(values))
+            np.testing.assert_allclose(f(x, idx, u).item(), float((want * w).sum()))
+            np.testing.assert_array_equal(x.grad().numpy(), want_gx)
+            np.testing.assert_array_equal(u.grad().numpy(), want_gu)
+
+
+def test_one_hot_accepts_every_index_form(ctx):
+    want = np.eye(3, dtype=np.float32)[[2, 0, 1, 2]]
+    for idx in _forms(ctx, [2, 0, 1, 2]):
+        np.testing.assert_array_equal(M.one_hot(ctx, idx, 3).numpy(), want)
+    fast = F.compile(lambda i: M.one_hot(ctx, i, 3).scale(2.0))
+    for values in ([2, 0, 1, 2], [1, 1, 0, 2]):
+        idx = I64.from_slice(ctx, (4,), values)
+        np.testing.assert_array_equal(fast(idx).numpy(), 2 * np.eye(3)[values])
+    assert fast.cache_size() == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 3])
+def test_one_hot_bad_indices_match_eager(ctx, bad):
+    errors = []
+    with pytest.raises(F.IndexOutOfBounds) as info:
+        M.one_hot(ctx, [0, bad], 3)
+    errors.append(info.value)
+    idx = I64.from_slice(ctx, (2,), [0, bad])
+    fast = F.compile(lambda i: M.one_hot(ctx, i, 3))
+    for f in (lambda i: M.one_hot(ctx, i, 3), fast, fast):
+        with pytest.raises(F.IndexOutOfBounds) as info:
+            f(idx)
+        errors.append(info.value)
+    assert {str(e) for e in errors} == {f"index {bad} out of range for 'one_hot depth' of size 3"}
+
+
+def test_one_hot_tensor_on_another_context_is_refused(ctx):
+    other = F.ExecContext()
+    idx = I64.from_slice(other, (2,), [0, 1])
+    with pytest.raises(F.ContextMismatch):
+        M.one_hot(ctx, idx, 3)
+
+
+def _q8(ctx):
+    Q = F.Tensor("out", "in", dtype="q8_0")
+    blocks = np.zeros(3, dtype=F.BlockQ8_0)
+    blocks["d"] = [np.float16(s).view(np.uint16) for s in (1, 2, 4)]
+    blocks["qs"][:] = 1
+    return Q.from_blocks(ctx, (3, F.q8_0_block_size), blocks)
+
+
+def test_get_rows_accepts_every_index_form(ctx):
+    q = _q8(ctx)
+    want = np.repeat(np.array([[4.0], [1.0]], dtype=np.float32), F.q8_0_block_size, axis=1)
+    for idx in _forms(ctx, [2, 0]):
+        np.testing.assert_array_equal(q.get_rows("out", idx, "b").numpy(), want)
+    fast = F.compile(lambda i: q.get_rows("out", i, "b"))
+    np.testing.assert_array_equal(fast(I64.from_slice(ctx, (2,), [2, 0])).numpy(), want)
+    np.testing.assert_array_equal(fast(I64.from_slice(ctx, (2,), [1, 1])).numpy(),
+                                  np.full((2, F.q8_0_block_size), 2.0))
+    assert fast.cache_size() == 1
+    for bad in (-1, 3):
+        idx = I64.from_slice(ctx, (1,), [bad])
+        for f in (lambda i: q.get_rows("out", i, "b"), fast, fast):
+            with pytest.raises(F.IndexOutOfBounds, match=f"index {bad} out of range for 'out'"):
+                f(idx)
+
+
+def test_bad_index_tensors_raise_type_errors(ctx):
+    x, u = _x(ctx), _u(ctx)
+    floats = F.Tensor("k").from_slice(ctx, (2,), [0.0, 1.0])
+    matrix = F.Tensor("a", "b", dtype="i64").from_slice(ctx, (1, 2), [[0, 1]])
+    elsewhere = I64.from_slice(F.ExecContext(), (2,), [0, 1])
+    for fn, _ in OPS.values():
+        with pytest.raises(F.TagError, match="integer tensor"):
+            fn(x, floats, u)
+        with pytest.raises(F.TagError, match="rank-1"):
+            fn(x, matrix, u)
+        with pytest.raises(F.ContextMismatch):
+            fn(x, elsewhere, u)
+    with pytest.raises(F.InvalidShape, match="3 indices given"):
+        x.index_add("r", I64.from_slice(ctx, (3,), [0, 1, 2]), u)
