@@ -237,3 +237,34 @@ def test_bad_index_tensors_raise_type_errors(ctx):
             fn(x, elsewhere, u)
     with pytest.raises(F.InvalidShape, match="3 indices given"):
         x.index_add("r", I64.from_slice(ctx, (3,), [0, 1, 2]), u)
+
+
+def test_rope_positions_accept_every_form(ctx):
+    x0 = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    x = F.Tensor("seq", "d").from_slice(ctx, x0.shape, x0)
+    P = F.Tensor("seq", dtype="i64")
+
+    def rotate(x, p):
+        return x.rope("seq", "d", F.RopeTheta(positions=p, theta_base=100.0), "half")
+
+    fast = F.compile(rotate)
+    for pos in ([0, 1, 2], [7, 3, 40]):
+        # cos/sin of p * 100**(-2i/8) over the 4 pairs (features i and i + 4)
+        ang = np.array(pos, np.float32)[:, None] * (100.0 ** (-np.arange(4) / 4.0))[None, :]
+        c, s = np.cos(ang), np.sin(ang)
+        a, b = x0[:, :4], x0[:, 4:]
+        want = np.concatenate([a * c - b * s, a * s + b * c], axis=1)
+        table = ctx.prepare_rope_table(P.from_slice(ctx, (3,), pos), 8, 100.0)
+        np.testing.assert_allclose(table.cos, c, atol=2e-6)
+        np.testing.assert_allclose(x.rope("seq", "d", table, "half").numpy(), want, atol=2e-5)
+        for p in (pos, np.array(pos), P.from_slice(ctx, (3,), pos)):
+            np.testing.assert_allclose(rotate(x, p).numpy(), want, atol=2e-5)
+        np.testing.assert_allclose(fast(x, P.from_slice(ctx, (3,), pos)).numpy(), want,
+                                   atol=2e-5)
+    assert fast.cache_size() == 1
+
+
+def test_a_rope_table_from_a_traced_tensor_names_the_alternative(ctx):
+    fast = F.compile(lambda p: ctx.prepare_rope_table(p, 8, 100.0))
+    with pytest.raises(F.UnsupportedView, match=r"prepare_rope_table.*RopeTheta"):
+        fast(F.Tensor("seq", dtype="i64").from_slice(ctx, (3,), [0, 1, 2]))
