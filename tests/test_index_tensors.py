@@ -268,3 +268,69 @@ def test_a_rope_table_from_a_traced_tensor_names_the_alternative(ctx):
     fast = F.compile(lambda p: ctx.prepare_rope_table(p, 8, 100.0))
     with pytest.raises(F.UnsupportedView, match=r"prepare_rope_table.*RopeTheta"):
         fast(F.Tensor("seq", dtype="i64").from_slice(ctx, (3,), [0, 1, 2]))
+
+
+SEC = np.arange(24, dtype=np.float32).reshape(2, 4, 3)  # sections: the 6 (a, b) pairs
+S3 = F.Tensor("a", "t", "b")
+
+
+def _shifted_ref(offsets, circular, fill):
+    """Per-section roll/shift along axis 1, by hand (Python ints: no overflow)."""
+    out = np.empty_like(SEC)
+    for s, off in enumerate(offsets):
+        a, b = divmod(s, 3)
+        for j in range(4):
+            src = j - off
+            if circular:
+                out[a, j, b] = SEC[a, src % 4, b]
+            else:
+                out[a, j, b] = SEC[a, src, b] if 0 <= src < 4 else fill
+    return out
+
+
+@pytest.mark.parametrize("circular", [True, False])
+def test_roll_by_and_shift_by_accept_offset_tensors(ctx, circular):
+    def op(x, o):
+        return x.roll_by("t", o) if circular else x.shift_by("t", o, fill=-7.0)
+
+    x = S3.from_slice(ctx, SEC.shape, SEC)
+    fast = F.compile(op)
+    S6 = F.Tensor("s", dtype="i64")
+    for offs in ([1, -2, 5, 0, -9, 2**62], [0, 1, 2, 3, 4, -1], [-2**63, 2**63 - 1, 3, -3, 1, 1]):
+        want = _shifted_ref(offs, circular, -7.0)
+        forms = [offs, np.array(offs, dtype=np.int64), S6.from_slice(ctx, (6,), offs)]
+        for o in forms:
+            np.testing.assert_array_equal(op(x, o).numpy(), want)
+        np.testing.assert_array_equal(fast(x, forms[-1]).numpy(), want)
+    small = F.Tensor("s", dtype="i8").from_slice(ctx, (6,), [1, 2, 3, -1, -2, -3])
+    np.testing.assert_array_equal(fast(x, small).numpy(),
+                                  _shifted_ref([1, 2, 3, -1, -2, -3], circular, -7.0))
+    assert fast.cache_size() == 2  # one program per offsets dtype, none per value
+    with pytest.raises(F.InvalidShape, match="expected 6 integer offsets"):
+        op(x, S6.from_slice(ctx, (5,), [0, 0, 0, 0, 0]))
+    with pytest.raises(F.TagError, match="integer tensor"):
+        op(x, F.Tensor("s").from_slice(ctx, (6,), np.zeros(6, np.float32)))
+
+
+@pytest.mark.parametrize("circular", [True, False])
+def test_offset_tensor_gradients_match_host_offsets(ctx, circular):
+    offs = [1, -2, 5, 0, 9, 3]
+    w = np.random.default_rng(2).standard_normal(SEC.shape).astype(np.float32)
+
+    def loss(x, o):
+        y = x.roll_by("t", o) if circular else x.shift_by("t", o, fill=2.0)
+        out = y.mul(S3.from_slice(ctx, SEC.shape, w)).sum_all()
+        out.backward()
+        return out
+
+    grads = []
+    for f, o in ((loss, offs), (loss, F.Tensor("s", dtype="i64").from_slice(ctx, (6,), offs)),
+                 (F.compile(loss), F.Tensor("s", dtype="i64").from_slice(ctx, (6,), offs))):
+        x = S3.variable_from_slice(ctx, SEC.shape, SEC)
+        val = f(x, o).item()
+        np.testing.assert_allclose(val, float((_shifted_ref(offs, circular, 2.0) * w).sum()),
+                                   rtol=1e-5)
+        grads.append(x.grad().numpy())
+    for g in grads[1:]:
+        np.testing.assert_allclose(g, grads[0], rtol=1e-6)
+    assert np.count_nonzero(grads[0]) > 0

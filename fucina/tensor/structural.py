@@ -27,7 +27,7 @@ from ..errors import (
 from ..ir.checks import check_unique
 from ..ir.execute import emit
 from ..ir.graph import Node, leaf
-from ..runtime.raw import MAX_ELEMENTS, RawTensor
+from ..runtime.raw import MAX_ELEMENTS, RawTensor, contiguous_strides
 from .arguments import count_arg, int_arg, int_seq_arg, is_int, real_arg, sizes_arg
 from .base import (
     Tensor,
@@ -202,6 +202,62 @@ def _section_index(self: Any, tag: str, offsets: Any, circular: bool) -> np.ndar
         valid = (j >= 0) & (j < n)
         src = np.where(valid, np.take_along_axis(rows, np.clip(j, 0, n - 1), axis=1), -1)
     return np.moveaxis(src.reshape(moved_shape), -1, i).reshape(-1)
+
+
+def _i64_broadcast(values: np.ndarray, shape: tuple[int, ...], axis: int | None) -> Node:
+    """An i64 constant viewed over ``shape``: a scalar (``axis`` None) or a vector along
+    ``axis``."""
+    node = leaf(RawTensor.from_array(DType.i64, values.astype(np.int64).reshape(-1)), None,
+                False)
+    coeffs = tuple((1,) if k == axis else (0,) for k in range(len(shape)))
+    return emit("view", (node,), shape=shape, coeffs=coeffs, base=(0,))
+
+
+def _section_shift(self: Any, tag: str, offsets: Any, circular: bool, fill: float) -> Node:
+    """roll_by / shift_by with per-section offsets from an integer tensor (a traced input):
+    each element's source position is computed in the IR and read with ``take_along``
+    (exactly the host path's index map, values known only when the op runs)."""
+    i = T.index(self.axis_tags, tag)
+    shape = self._node.shape
+    n = shape[i]
+    sections = self._node.value.numel // n
+    check_tensor(offsets, "offsets")
+    same_ctx(self, offsets)
+    if not offsets.dtype.is_integer:
+        raise TagError(f"offsets must be an integer tensor, got {offsets.dtype.value}")
+    off = offsets._node
+    if offsets.tag_count != 1 or off.value.numel != sections:
+        raise InvalidShape(f"expected {sections} integer offsets (one per section along "
+                           f"{tag!r}), got {off.value.numel}")
+    if not off.value.is_contiguous():
+        off = emit("copy", (off,))
+    if off.dtype is not DType.i64:
+        off = emit("cast", (off,), dtype=DType.i64, src=off.dtype)
+    # section s = the row-major position over the other axes (the host path's order)
+    rest = iter(contiguous_strides(tuple(d for k, d in enumerate(shape) if k != i) or (1,)))
+    coeffs = tuple((0,) if k == i else (next(rest),) for k in range(len(shape)))
+    off = emit("view", (off,), shape=shape, coeffs=coeffs, base=(0,))
+    iota = _i64_broadcast(np.arange(n), shape, i)
+
+    def const(v: int) -> Node:
+        return _i64_broadcast(np.array([v]), shape, None)
+
+    def take(index: Node) -> Node:
+        return emit("take_along", (self._node, index), axis=i, shape=shape, dtype=self.dtype)
+
+    if circular:  # (j - off mod n) mod n: in range for any int64 offset
+        k = emit("binary", (off, const(n)), fn="mod")
+        return take(emit("binary", (emit("binary", (iota, k), fn="sub"), const(n)), fn="mod"))
+    lo, hi = const(-n), const(n)
+    off = emit("where", (emit("compare", (off, lo), fn="lt"), lo,
+                         emit("where", (emit("compare", (off, hi), fn="gt"), hi, off))))
+    j = emit("binary", (iota, off), fn="sub")  # in [-n, 2n)
+    zero = const(0)
+    below = emit("compare", (j, zero), fn="lt")
+    above = emit("compare", (j, const(n)), fn="ge")
+    src = take(emit("where", (below, zero, emit("where", (above, zero, j)))))
+    filled = emit("fill", (), shape=shape, dtype=self.dtype, value=fill)
+    return emit("where", (below, filled, emit("where", (above, filled, src))))
 
 
 # -- per-element indexed ops ----------------------------------------------------------------
@@ -463,16 +519,25 @@ class IndexedOps(Tensor):
         arr = decode(self.numpy(), self.dtype)
         return np.flatnonzero(arr.reshape(-1) != 0).tolist()
 
-    def roll_by(self, tag: str, offsets: Sequence[int] | np.ndarray) -> Self:
-        """Roll each section along ``tag`` by its own offset (roll's sign convention)."""
+    def roll_by(self, tag: str, offsets: Sequence[int] | np.ndarray | Tensor) -> Self:
+        """Roll each section along ``tag`` by its own offset (roll's sign convention).
+
+        Sections are the positions of the other axes in row-major order; ``offsets``
+        holds one int per section (host data, or a rank-1 integer tensor: a traced
+        input under compile)."""
+        if isinstance(offsets, Tensor):
+            return result(self, self.axis_tags, _section_shift(self, tag, offsets, True, 0.0))
         idx = _section_index(self, tag, offsets, circular=True)
         node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape)
         return result(self, self.axis_tags, node)
 
-    def shift_by(self, tag: str, offsets: Sequence[int] | np.ndarray, fill: float = 0.0,
-                 ) -> Self:
-        """Non-circular per-section shift along ``tag``; shifted-in positions hold ``fill``."""
+    def shift_by(self, tag: str, offsets: Sequence[int] | np.ndarray | Tensor,
+                 fill: float = 0.0) -> Self:
+        """Non-circular per-section shift along ``tag``; shifted-in positions hold ``fill``
+        (offsets as :meth:`roll_by`)."""
         fill = real_arg(fill, "fill")
+        if isinstance(offsets, Tensor):
+            return result(self, self.axis_tags, _section_shift(self, tag, offsets, False, fill))
         idx = _section_index(self, tag, offsets, circular=False)
         node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape,
                     has_fill=True, fill=fill)
