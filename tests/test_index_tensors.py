@@ -334,3 +334,23 @@ def test_offset_tensor_gradients_match_host_offsets(ctx, circular):
     for g in grads[1:]:
         np.testing.assert_allclose(g, grads[0], rtol=1e-6)
     assert np.count_nonzero(grads[0]) > 0
+
+
+@pytest.mark.parametrize("dtype", ["i32", "u8", "i16"])
+def test_element_indices_of_any_integer_dtype(ctx, dtype):
+    x = X.from_slice(ctx, (4, 2), BASE)
+    values = [[3, 0], [1, 1], [0, 2], [2, 3]]
+    want_take = np.take_along_axis(BASE, np.array(values), axis=0)
+    want_add = BASE.copy()
+    np.add.at(want_add, (np.array(values), np.arange(2)[None, :]), 2 * BASE)
+    idx = F.Tensor("r", "c", dtype=dtype).from_slice(ctx, (4, 2), values)
+    for f in (lambda x, i: (x.take_along_axis("r", i), x.scatter_add("r", i, x.scale(2.0))),):
+        for g in (f, F.compile(f)):
+            took, added = g(x, idx)
+            np.testing.assert_array_equal(took.numpy(), want_take)
+            np.testing.assert_array_equal(added.numpy(), want_add)
+    bad = F.Tensor("r", "c", dtype=dtype).from_slice(ctx, (4, 2), [[0, 0], [0, 4], [0, 0], [0, 0]])
+    fast = F.compile(lambda x, i: x.take_along_axis("r", i))
+    for g in (lambda x, i: x.take_along_axis("r", i), fast, fast):
+        with pytest.raises(F.IndexOutOfBounds, match="index 4 out of range for 'r' of size 4"):
+            g(x, bad)

@@ -267,8 +267,8 @@ def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) ->
     i = T.index(self.axis_tags, tag)
     check_tensor(indices, "indices")
     same_ctx(self, indices)
-    if indices.dtype is not DType.i64:
-        raise TagError(f"indices must be an i64 tensor, got {indices.dtype.value}")
+    if not indices.dtype.is_integer:
+        raise TagError(f"indices must be an integer tensor, got {indices.dtype.value}")
     if set(indices.axis_tags) != set(self.axis_tags):
         raise TagError(f"indices tags {indices.axis_tags} differ from {self.axis_tags}")
     isz = sizes_of(indices)
@@ -277,7 +277,10 @@ def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) ->
         if t != tag and isz[t] != d:
             raise ShapeMismatch(f"indices: tag {t!r} has size {isz[t]}, tensor has {d}")
     # Index values are checked by the IR before the kernel reads them (eager and compiled).
-    return i, align_node(indices, self.axis_tags, ishape), ishape
+    node = align_node(indices, self.axis_tags, ishape)
+    if indices.dtype is not DType.i64:
+        node = emit("cast", (node,), dtype=DType.i64, src=indices.dtype)
+    return i, node, ishape
 
 
 def _scatter(self: Any, tag: str, indices: Any, src: Any, op: str) -> Any:
@@ -470,7 +473,7 @@ class IndexedOps(Tensor):
         return _zero_rows(self, i, np.unique(idx) if isinstance(idx, np.ndarray) else idx)
 
     def take_along_axis(self, tag: str, indices: Tensor) -> Self:
-        """torch.gather along ``tag`` with a same-tagged i64 index tensor."""
+        """torch.gather along ``tag`` with a same-tagged integer index tensor."""
         i, idx, ishape = _element_index(self, tag, indices)
         node = emit("take_along", (self._node, idx), axis=i, shape=ishape, dtype=self.dtype)
         return result(self, self.axis_tags, node)
