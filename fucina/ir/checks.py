@@ -121,7 +121,7 @@ def _rows_value(inputs: Sequence[Node], attrs: dict[str, Any],
     if len(inputs) > 2:
         _along(inputs, attrs, arrays[2])
         if attrs.get("unique"):
-            check_unique(arrays[2], attrs.get("what", "set_rows"))
+            check_unique(arrays[2], "set_rows")
 
 
 def check_unique(index: Any, what: str) -> None:

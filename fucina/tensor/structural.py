@@ -1,8 +1,10 @@
 """Copying structural ops: gather/scatter, concat/stack, pad, flip/roll, reshape, masks.
 
-Index arguments are host-side control data, validated before anything runs
-(``IndexOutOfBounds`` names the index and the axis). Gradients route through
-the index maps via the gather/scatter primitives' VJP rules.
+Index arguments are host data (a sequence or numpy integers, validated before
+anything runs) or an integer tensor (a traced input under ``compile``, its
+values checked by the IR before any kernel reads them); either way a bad index
+raises ``IndexOutOfBounds`` naming the index and the axis. Gradients route
+through the index maps via the gather/scatter primitives' VJP rules.
 """
 
 from __future__ import annotations
@@ -433,7 +435,7 @@ class IndexedOps(Tensor):
     __slots__ = ()
 
     def index_select(self, tag: str, index: Tensor, out_tag: str) -> Self:
-        """torch.index_select: ``gather`` with a rank-1 i64 index tensor."""
+        """torch.index_select: ``gather`` with a rank-1 integer index tensor."""
         check_tensor(index, "index")
         if index.tag_count != 1:
             raise TagError(
