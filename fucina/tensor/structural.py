@@ -25,6 +25,7 @@ from ..errors import (
     ShapeMismatch,
     TagError,
     UnsupportedGradient,
+    UnsupportedView,
 )
 from ..ir.checks import check_unique
 from ..ir.execute import emit
@@ -160,9 +161,14 @@ def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
     return x if padded else x.materialize()
 
 
-def _mask_flags(self: Any, mask: Any) -> np.ndarray:
+def _mask_flags(self: Any, mask: Any, op: str) -> np.ndarray:
     check_tensor(mask, "mask")
     same_ctx(self, mask)
+    if mask._node.value.is_symbolic:
+        raise UnsupportedView(
+            f"{op}: the mask's values are read while tracing (they decide which positions "
+            "exist); under compile capture the mask from a closure or global instead of "
+            "passing it as an argument: its values are then guarded (a change traces again)")
     if mask.requires_grad:
         raise UnsupportedGradient("a mask is control data and must not require grad")
     if set(mask.axis_tags) != set(self.axis_tags):
@@ -491,7 +497,7 @@ class IndexedOps(Tensor):
     def masked_select(self, mask: Tensor, out_tag: str) -> Self:
         """Rank-1 ``out_tag`` of the elements where ``mask`` is nonzero (row-major)."""
         T.check_tag(out_tag)
-        flags = _mask_flags(self, mask)
+        flags = _mask_flags(self, mask, "masked_select")
         idx = np.flatnonzero(flags).astype(np.int64)
         if idx.size == 0:
             raise EmptySelection("masked_select: the mask selects nothing")
@@ -500,7 +506,7 @@ class IndexedOps(Tensor):
 
     def masked_scatter(self, mask: Tensor, values_tag: str, values: Tensor) -> Self:
         """Copy of self with rank-1 ``values`` written where ``mask`` is nonzero (row-major)."""
-        flags = _mask_flags(self, mask)
+        flags = _mask_flags(self, mask, "masked_scatter")
         check_tensor(values, "values")
         same_ctx(self, values)
         if values.axis_tags != (values_tag,):
