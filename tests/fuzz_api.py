@@ -888,19 +888,28 @@ def _rows(g: Gen, dim: int, unique: bool) -> list[int]:
     return rows
 
 
+def _row_index(g: Gen, x: Any, tag: str, dim: int, unique: bool) -> tuple[Any, int]:
+    """Rows along ``tag`` as a host list or (sometimes) a rank-1 i64 tensor; and their count."""
+    if g.chance(0.35):
+        n, fresh = g.int(1, 4), g.fresh_tag(x)
+        return g.new_input("i64", (fresh,), {fresh: n}, index_range=max(dim, 1)), n
+    rows = _rows(g, dim, unique)
+    return rows, len(rows)
+
+
 @op("set_rows", "index_add")
 def _set_rows(g: Gen, x: Any, unique: bool = True) -> Any:
     tag = g.tag_of(x)
     dim = x.dim(tag) if tag in x.axis_tags else 1
-    rows = _rows(g, dim, unique)
-    sizes = dict(zip(x.axis_tags, x.shape), **{tag: len(rows)})
+    rows, n = _row_index(g, x, tag, dim, unique)
+    sizes = dict(zip(x.axis_tags, x.shape), **{tag: n})
     return [tag, rows, g.new_input(x.dtype.value, x.axis_tags, sizes)], {}
 
 
 @op("zero_rows")
 def _zero_rows(g: Gen, x: Any) -> Any:
     tag = g.tag_of(x)
-    return [tag, _rows(g, x.dim(tag) if tag in x.axis_tags else 1, False)], {}
+    return [tag, _row_index(g, x, tag, x.dim(tag) if tag in x.axis_tags else 1, False)[0]], {}
 
 
 @op("set_slice")
@@ -988,6 +997,9 @@ def _roll_by(g: Gen, x: Any) -> Any:
     tag = g.tag_of(x)
     dim = x.dim(tag) if tag in x.axis_tags else 1
     sections = x.size // dim
+    if g.chance(0.35):  # offsets as a traced i64 tensor
+        fresh = g.fresh_tag(x)
+        return [tag, g.new_input("i64", (fresh,), {fresh: sections}, index_range=2 * dim + 1)], {}
     return [tag, [g.int(-5, 5) for _ in range(sections)]], {}
 
 

@@ -206,6 +206,14 @@ def test_multi_stream_rows_equal_single_stream_calls(kind, ctx):
     fast = F.compile(lambda q: q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, lens=lens,
                                                    kv_heads=KH))
     np.testing.assert_array_equal(fast(q).numpy(), y.numpy())
+    lens_t = F.Tensor("s", dtype="i64").from_slice(ctx, (3,), lens)
+    np.testing.assert_array_equal(
+        q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, lens=lens_t, kv_heads=KH).numpy(),
+        y.numpy())
+    traced = F.compile(lambda q, n: q.grouped_attention(ks, vs, [0, 1, 1, 0], "o", 0.2, lens=n,
+                                                        kv_heads=KH))
+    with pytest.raises(F.UnsupportedView, match="grouped_attention: lens"):
+        traced(q, lens_t)
     with pytest.raises(F.UnsupportedGradient):
         Q.variable_from_slice(ctx, q0.shape, q0).grouped_attention(
             ks, vs, [0, 1, 1, 0], "o", 0.2, lens=lens, kv_heads=KH)

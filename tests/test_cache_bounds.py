@@ -11,6 +11,7 @@ import fucina as F
 from fucina.ir import eager
 from fucina.kernels import cache as kcache
 from fucina.runtime.lru import LRU
+from fucina.tensor import math as tmath
 
 compile_mod = importlib.import_module("fucina.compile")  # fucina.compile is the function
 
@@ -30,12 +31,14 @@ def test_lru_drops_the_least_recently_used():
 
 def test_cache_info_reports_every_cache():
     info = F.cache_info()
-    for name in ("kernel_cache", "plan_cache", "gemm_plan_cache", "program_cache"):
+    for name in ("kernel_cache", "plan_cache", "binary_plan_cache", "gemm_plan_cache",
+                 "program_cache"):
         size, bound = getattr(info, name)
         assert 0 <= size <= bound or name == "program_cache"
         assert bound >= 1
     assert info.kernel_cache[1] == kcache.KERNEL_CACHE_SIZE
     assert info.plan_cache[1] == eager.PLAN_CACHE_SIZE
+    assert info.binary_plan_cache[1] == tmath.BIN_PLAN_CACHE_SIZE
     assert info.program_cache[1] == compile_mod.PROGRAM_CACHE_SIZE
     assert "plan_cache=" in repr(info)
 
@@ -93,3 +96,18 @@ def test_gemm_plans_are_cached_per_signature_and_bounded(ctx, monkeypatch):
     assert len(gemm.PLANS) == 3 and gemm.PLANS.evictions > 0
     assert F.cache_info().gemm_plan_cache == (3, 3)
     assert "gemm_plan_cache=(3, 3)" in repr(F.cache_info())
+
+
+def test_binary_plan_cache_is_bounded(ctx, monkeypatch):
+    monkeypatch.setattr(tmath, "BIN_PLANS", LRU(3))
+    for n in range(2, 12):  # ten distinct shapes, each a new signature
+        a = np.arange(n, dtype=np.float32)
+        x = F.Tensor("d").from_slice(ctx, (n,), a)
+        y = F.Tensor("e").from_slice(ctx, (2,), [1.0, 2.0])
+        np.testing.assert_array_equal(x.add(x).numpy(), 2 * a)
+        np.testing.assert_array_equal(x.mul(y).numpy(), a[:, None] * [1.0, 2.0])
+    assert len(tmath.BIN_PLANS) == 3 and tmath.BIN_PLANS.evictions == 17
+    assert F.cache_info().binary_plan_cache == (3, 3)
+    assert "binary_plan_cache=(3, 3)" in repr(F.cache_info())
+    x = F.Tensor("d").from_slice(ctx, (2,), [1.0, 2.0])  # an evicted signature plans again
+    np.testing.assert_array_equal(x.sub(x).numpy(), [0.0, 0.0])

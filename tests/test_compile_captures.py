@@ -159,6 +159,23 @@ def test_captured_values_read_by_host_code_are_guarded(ctx):
     assert fast(x).item() == 9.0
 
 
+@pytest.mark.parametrize("op", ["masked_select", "masked_scatter"])
+def test_a_mask_passed_as_an_argument_names_the_op(ctx, op):
+    x = _vec(ctx, [1.0, 2.0, 3.0, 4.0])
+    mask = F.Tensor("d", dtype="bool").from_slice(ctx, (4,), [True, False, True, False])
+    vals = F.Tensor("v").from_slice(ctx, (2,), [9.0, 8.0])
+
+    def fn(x, m):
+        return x.masked_select(m, "k") if op == "masked_select" else x.masked_scatter(m, "v", vals)
+
+    want = [1.0, 3.0] if op == "masked_select" else [9.0, 2.0, 8.0, 4.0]
+    np.testing.assert_array_equal(fn(x, mask).numpy(), want)
+    with pytest.raises(F.UnsupportedView, match=f"{op}: the mask's values.*capture"):
+        F.compile(fn)(x, mask)
+    captured = F.compile(lambda x: fn(x, mask))  # the supported form
+    np.testing.assert_array_equal(captured(x).numpy(), want)
+
+
 def test_integer_tensor_indices_are_traced_inputs(ctx):
     x = F.Tensor("r", "c").from_slice(ctx, (3, 2), [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
     fast = F.compile(lambda x, i: x.index_select("r", i, "k"))

@@ -387,14 +387,18 @@ def _scatter_axis_add(n: Node, g: Node) -> Grads:
 
 @rule("index_add")
 def _index_add(n: Node, g: Node) -> Grads:
-    return g, emit("gather", (g,), axis=n.attrs["axis"], index=n.attrs["index"])
+    _, _, *index = n.inputs  # rows: the attribute, or a traced i64 input (no gradient)
+    gu = emit("gather", (g, *index), axis=n.attrs["axis"], index=n.attrs["index"])
+    return (g, gu, None) if index else (g, gu)
 
 
 @rule("set_index")
 def _set_index(n: Node, g: Node) -> Grads:
-    upd = n.inputs[1]
+    _, upd, *index = n.inputs
     kw = {"axis": n.attrs["axis"], "index": n.attrs["index"]}
-    return (emit("set_index", (g, _zeros(upd.shape)), **kw), emit("gather", (g,), **kw))
+    gx = emit("set_index", (g, _zeros(upd.shape), *index), **kw)
+    gu = emit("gather", (g, *index), **kw)
+    return (gx, gu, None) if index else (gx, gu)
 
 
 @rule("concat")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IndexOutOfBounds
+from ..errors import IndexOutOfBounds, InvalidShape
 from .graph import Node
 
 #: op -> check over (inputs, attrs) for index data held in the attributes.
@@ -69,7 +69,8 @@ def _scatter_axis_attr(inputs: Sequence[Node], attrs: dict[str, Any]) -> None:
 
 
 def _rows_attr(inputs: Sequence[Node], attrs: dict[str, Any]) -> None:
-    _along(inputs, attrs, attrs["index"])
+    if len(inputs) == 2:
+        _along(inputs, attrs, attrs["index"])
 
 
 def _gather_flat_attr(inputs: Sequence[Node], attrs: dict[str, Any]) -> None:
@@ -113,16 +114,38 @@ def _scatter_axis_value(inputs: Sequence[Node], attrs: dict[str, Any],
         _along(inputs, attrs, arrays[1], bound=attrs["dim"])
 
 
+def _rows_value(inputs: Sequence[Node], attrs: dict[str, Any],
+                arrays: list[np.ndarray]) -> None:
+    # index_add / set_index: (base, update) with the rows in the attributes, or
+    # (base, update, index) with a traced i64 index.
+    if len(inputs) > 2:
+        _along(inputs, attrs, arrays[2])
+        if attrs.get("unique"):
+            check_unique(arrays[2], "set_rows")
+
+
+def check_unique(index: Any, what: str) -> None:
+    """InvalidShape when ``index`` repeats an entry (rows written once each)."""
+    idx = np.asarray(index).reshape(-1)
+    if np.unique(idx).size != idx.size:
+        raise InvalidShape(f"{what}: duplicate indices in {idx.tolist()}")
+
+
 VALUE_CHECKS.update({
     "take_along": _second_input,
     "scatter_add": _second_input,
     "scatter": _second_input,
     "gather": _gather_value,
     "scatter_axis_add": _scatter_axis_value,
+    "index_add": _rows_value,
+    "set_index": _rows_value,
 })
+
+#: Ops whose index data is optionally a traced input: the input count beyond which
+#: it is one (below it the index is an attribute, checked when the node is built).
+_OPTIONAL_INDEX_INPUT = {"gather": 1, "scatter_axis_add": 1, "index_add": 2, "set_index": 2}
 
 
 def reads_index_values(node: Node) -> bool:
     """Whether running ``node`` needs a value check of an index input first."""
-    return node.op in VALUE_CHECKS and (node.op not in ("gather", "scatter_axis_add")
-                                        or len(node.inputs) > 1)
+    return node.op in VALUE_CHECKS and len(node.inputs) > _OPTIONAL_INDEX_INPUT.get(node.op, 0)

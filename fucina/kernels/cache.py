@@ -57,7 +57,8 @@ class CacheInfo:
     ``compiled``/``memory_hits``/``disk_hits`` count kernel loads, ``kernels``
     the kernels loaded so far. Every cache is bounded (least recently used
     entries dropped): ``kernel_cache`` (generated kernels held in memory),
-    ``plan_cache`` (eager op signatures), ``gemm_plan_cache`` (GEMM plans per
+    ``plan_cache`` (eager op signatures), ``binary_plan_cache`` (the tag-level
+    decisions of binary ops per operand types and shapes), ``gemm_plan_cache`` (GEMM plans per
     shape/stride signature) and ``program_cache`` (traced programs held by live
     compiled functions; the bound is per function) each report ``(size, maxsize)``.
     """
@@ -68,6 +69,7 @@ class CacheInfo:
     kernels: int = 0
     kernel_cache: tuple[int, int] = (0, 0)
     plan_cache: tuple[int, int] = (0, 0)
+    binary_plan_cache: tuple[int, int] = (0, 0)
     gemm_plan_cache: tuple[int, int] = (0, 0)
     program_cache: tuple[int, int] = (0, 0)
 
@@ -75,6 +77,7 @@ class CacheInfo:
         return (f"CacheInfo(compiled={self.compiled}, memory_hits={self.memory_hits}, "
                 f"disk_hits={self.disk_hits}, kernels={self.kernels}, "
                 f"kernel_cache={self.kernel_cache}, plan_cache={self.plan_cache}, "
+                f"binary_plan_cache={self.binary_plan_cache}, "
                 f"gemm_plan_cache={self.gemm_plan_cache}, program_cache={self.program_cache})")
 
 

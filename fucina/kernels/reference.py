@@ -177,17 +177,21 @@ def scatter_axis_add(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -
 
 @kernel("index_add")
 def index_add(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """base with update rows added at ``index`` (duplicates accumulate)."""
+    """base with update rows added at ``index`` (attribute, or the i64 third input;
+    duplicates accumulate)."""
+    index = ins[2].reshape(-1) if len(ins) > 2 else attrs["index"]
     res = np.array(ins[0], copy=True)
-    np.add.at(_axis_first(res, attrs["axis"]), attrs["index"], _axis_first(ins[1], attrs["axis"]))
+    np.add.at(_axis_first(res, attrs["axis"]), index, _axis_first(ins[1], attrs["axis"]))
     return res
 
 
 @kernel("set_index")
 def set_index(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """base with rows at ``index`` overwritten by update."""
+    """base with rows at ``index`` (attribute, or the i64 third input) overwritten by
+    update."""
+    index = ins[2].reshape(-1) if len(ins) > 2 else attrs["index"]
     res = np.array(ins[0], copy=True)
-    _axis_first(res, attrs["axis"])[attrs["index"]] = _axis_first(ins[1], attrs["axis"])
+    _axis_first(res, attrs["axis"])[index] = _axis_first(ins[1], attrs["axis"])
     return res
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType, as_dtype
-from ..errors import Deinitialized, InvalidShape
+from ..errors import Deinitialized, InvalidShape, UnsupportedView
 from .raw import RawTensor, check_shape
 from .values import fill_value, values_array
 
@@ -201,8 +201,17 @@ class ExecContext:
 
 
 def _host(positions: Any) -> Any:
-    """Positions given as a fucina tensor are read on the host (tables are host data)."""
+    """Positions given as a fucina tensor are read on the host (tables are host data).
+
+    A tensor traced by ``compile`` has no values yet and a table cannot be a program
+    value: UnsupportedView naming the op and the traced alternative."""
     if hasattr(positions, "_node_") and hasattr(positions, "numpy"):
+        node = positions._node_
+        if node is not None and node.value.is_symbolic:
+            raise UnsupportedView(
+                "prepare_rope_table: a RopeTable is host data built outside compile; inside "
+                "a compiled function pass fucina.RopeTheta(positions=tensor, theta_base=...) "
+                "to rope() (a traced input)")
         return positions.numpy()
     return positions
 

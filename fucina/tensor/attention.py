@@ -18,7 +18,14 @@ import numpy as np
 from .. import tags as T
 from ..blocks import BlockQ8_0
 from ..dtypes import DType
-from ..errors import InvalidDataLength, InvalidShape, ShapeMismatch, TagError, UnsupportedGradient
+from ..errors import (
+    InvalidDataLength,
+    InvalidShape,
+    ShapeMismatch,
+    TagError,
+    UnsupportedGradient,
+    UnsupportedView,
+)
 from ..ir import attention as _attention_ir
 from ..ir.execute import emit
 from ..ir.graph import Node, leaf
@@ -258,6 +265,15 @@ class Attention(Tensor):
         if is_grad_enabled() and self.requires_grad:
             raise UnsupportedGradient("multi-stream grouped_attention is inference-only: "
                                       "use fucina.no_grad() or detach() the query")
+        if isinstance(lens, Tensor):
+            check_tensor(lens, "lens")
+            same_ctx(self, lens)
+            if lens._node.value.is_symbolic:  # lens size the cache views: host data only
+                raise UnsupportedView(
+                    "grouped_attention: lens fix each stream's cache length (a shape) and "
+                    "cannot be a traced tensor under compile; pass them as a list (a "
+                    "guarded value: new lens trace again)")
+            lens = lens.numpy()
         try:
             n = np.asarray(lens).reshape(-1)
         except (TypeError, ValueError):

@@ -544,6 +544,30 @@ def host_indices(indices: Any, dim: int, tag: str) -> np.ndarray:
     return idx
 
 
+def index_input(self: Tensor, indices: Any, dim: int, tag: str) -> np.ndarray | Node:
+    """Row indices along ``tag`` (size ``dim``): host data (a sequence or numpy
+    integers) as a checked int64 array, or a rank-1 integer tensor as its i64 node.
+
+    A tensor is a traced input under ``compile`` (new values never retrace); the IR
+    checks its values (``ir/checks.py``) before any kernel reads them, at once in
+    eager mode and as a program step when compiled, with host data's errors.
+    """
+    if not isinstance(indices, Tensor):
+        return host_indices(indices, dim, tag)
+    check_tensor(indices, "indices")
+    same_ctx(self, indices)
+    if not indices.dtype.is_integer:
+        raise TagError(f"indices for {tag!r} must be an integer tensor, got "
+                       f"{indices.dtype.value}")
+    if indices.tag_count != 1:
+        raise TagError(f"indices for {tag!r} must be a rank-1 tensor, got tags "
+                       f"{indices.axis_tags}")
+    node = indices._node
+    if node.dtype is not DType.i64:
+        node = emit("cast", (node,), dtype=DType.i64, src=node.dtype)
+    return node
+
+
 def readable(x: Tensor) -> RawTensor:
     """The raw value of a live, non-traced tensor (UnsupportedView while tracing)."""
     raw = x._node.value

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .. import rng
 from ..argnames import explain
 from ..dtypes import DType
-from ..errors import InvalidDataLength, InvalidShape, ShapeMismatch, TagError
-from ..ir.execute import current_tracer
-from ..ir.graph import leaf
+from ..errors import ContextMismatch, InvalidDataLength, InvalidShape, ShapeMismatch, TagError
+from ..ir.execute import current_tracer, emit
+from ..ir.graph import Node, leaf
 from ..runtime.context import ExecContext
 from ..runtime.raw import MAX_ELEMENTS, RawTensor, check_shape
 from ..runtime.values import values_array
 from .arguments import count_arg, int_arg, optional_int_arg, real_arg
-from .base import Tensor, host_indices, new
+from .base import Tensor, host_indices, index_input, new
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -240,6 +240,25 @@ class Variables(Tensor):
         return _wrap_raw(cls, _ctx(ctx), _from_values(cls, ctx, shape, values), variable=True)
 
 
+def _one_hot_node(cls: Any, ctx: ExecContext, indices: Tensor, depth: int) -> Any:
+    """one_hot of an integer tensor: its (checked) values compared with the class iota."""
+    node = index_input(indices, indices, depth, "one_hot depth")
+    assert isinstance(node, Node)  # a tensor's indices are a node
+    if indices._ctx is not ctx:
+        raise ContextMismatch("one_hot: indices belong to another ExecContext")
+    n = node.shape[0]
+    _check_count(n * depth, "one_hot")
+    iota = leaf(RawTensor.from_array(DType.i64, np.arange(depth, dtype=np.int64)), None, False)
+    iota.tags = ("one_hot depth",)  # names the axis in IndexOutOfBounds, as host data does
+    node = emit("check_index", (iota, node), axis=0)
+    rows = emit("view", (node,), shape=(n, depth), coeffs=((1,), (0,)), base=(0,))
+    cols = emit("view", (iota,), shape=(n, depth), coeffs=((0,), (1,)), base=(0,))
+    hit = emit("compare", (rows, cols), fn="eq")
+    out = emit("cast", (hit,), dtype=cls.dtype, src=DType.bool)
+    out.tags = cls.axis_tags
+    return new(cls, out, ctx)
+
+
 class F32Constructors(Tensor):
     """Fills, ranges, structured constants and counter-based random tensors (f32)."""
 
@@ -295,12 +314,17 @@ class F32Constructors(Tensor):
         return _leaf_f32(cls, ctx, vals)
 
     @classmethod
-    def one_hot(cls, ctx: ExecContext, indices: Sequence[int] | np.ndarray, depth: int,
-                ) -> Self:
-        """[len(indices), depth] one-hot rows (first tag rows, second classes)."""
+    def one_hot(cls, ctx: ExecContext, indices: Sequence[int] | np.ndarray | Tensor,
+                depth: int) -> Self:
+        """[len(indices), depth] one-hot rows (first tag rows, second classes).
+
+        ``indices`` is host data or a rank-1 integer tensor on ``ctx`` (a traced
+        input under compile, its values checked when the op runs)."""
         _need_tags(cls, 2, "one_hot")
         ctx = _ctx(ctx)
         depth = count_arg(depth, "depth")
+        if isinstance(indices, Tensor):
+            return cast("Self", _one_hot_node(cls, ctx, indices, depth))
         idx = host_indices(indices, depth, "one_hot depth")
         _check_count(idx.size * depth, "one_hot")
         out = np.zeros((idx.size, depth), dtype=np.float32)

@@ -23,6 +23,8 @@ from ..dtypes import DType, reduction_dtype
 from ..errors import ShapeMismatch, TagError, UnsupportedGradient
 from ..ir.execute import emit
 from ..ir.graph import Node
+from ..kernels.cache import SIZE_SOURCES
+from ..runtime.lru import LRU
 from .arguments import real_arg
 from .base import (
     Tensor,
@@ -51,7 +53,10 @@ def forward_only(self: Tensor, *others: Tensor) -> None:
                 f"{self.dtype.value} math is forward-only; cast with to('f32') to differentiate")
 
 
-_BIN_PLANS: dict[Any, tuple[Any, ...]] = {}
+#: Most (op, types, shapes) signatures whose binary-op tag decisions are kept.
+BIN_PLAN_CACHE_SIZE = 4096
+BIN_PLANS = LRU(BIN_PLAN_CACHE_SIZE)
+SIZE_SOURCES["binary_plan_cache"] = lambda: (len(BIN_PLANS), BIN_PLANS.maxsize)
 
 
 def _binary_plan(self: Any, other: Any, fn: str) -> tuple[Any, ...]:
@@ -79,10 +84,12 @@ def binary(self: Any, other: Any, fn: str) -> Any:
     if other._ctx is not self._ctx:
         same_ctx(self, other)
     key = (fn, type(self), type(other), sn.value.shape, on.value.shape)
-    plan = _BIN_PLANS.get(key)
+    plans = BIN_PLANS
+    plan = plans.get(key)
     if plan is None:
         check_tensor(other)
-        plan = _BIN_PLANS[key] = _binary_plan(self, other, fn)
+        plan = _binary_plan(self, other, fn)
+        plans.put(key, plan)
     out, cls, shape, need_a, need_b = plan
     if self.dtype is not DType.f32:
         forward_only(self, other)

@@ -1,8 +1,10 @@
 """Copying structural ops: gather/scatter, concat/stack, pad, flip/roll, reshape, masks.
 
-Index arguments are host-side control data, validated before anything runs
-(``IndexOutOfBounds`` names the index and the axis). Gradients route through
-the index maps via the gather/scatter primitives' VJP rules.
+Index arguments are host data (a sequence or numpy integers, validated before
+anything runs) or an integer tensor (a traced input under ``compile``, its
+values checked by the IR before any kernel reads them); either way a bad index
+raises ``IndexOutOfBounds`` naming the index and the axis. Gradients route
+through the index maps via the gather/scatter primitives' VJP rules.
 """
 
 from __future__ import annotations
@@ -23,17 +25,19 @@ from ..errors import (
     ShapeMismatch,
     TagError,
     UnsupportedGradient,
+    UnsupportedView,
 )
+from ..ir.checks import check_unique
 from ..ir.execute import emit
 from ..ir.graph import Node, leaf
-from ..runtime.raw import MAX_ELEMENTS, RawTensor
+from ..runtime.raw import MAX_ELEMENTS, RawTensor, contiguous_strides
 from .arguments import count_arg, int_arg, int_seq_arg, is_int, real_arg, sizes_arg
 from .base import (
     Tensor,
     align_node,
     check_tensor,
-    host_indices,
     identity_view,
+    index_input,
     result,
     same_ctx,
     sizes_of,
@@ -75,20 +79,24 @@ def _gather_node(self: Any, axis: int, idx: np.ndarray) -> Node:
     return emit("gather", (self._node,), axis=axis, index=idx)
 
 
+def _rows_node(op: str, inputs: tuple[Node, ...], idx: np.ndarray | Node, axis: int,
+               **attrs: Any) -> Node:
+    """``op`` over ``inputs`` at rows ``idx``: host rows in the attributes, a traced
+    index (an integer tensor's i64 node) as the last input."""
+    if isinstance(idx, Node):
+        return emit(op, (*inputs, idx), axis=axis, index=None, **attrs)
+    return emit(op, inputs, axis=axis, index=idx)
+
+
+def _count(idx: np.ndarray | Node) -> int:
+    return int(idx.size) if isinstance(idx, np.ndarray) else idx.shape[0]
+
+
 def _gather(self: Any, tag: str, indices: Any, out_tag: str) -> Any:
     i = T.index(self.axis_tags, tag)
     out = T.replace_tag(self.axis_tags, tag, out_tag)
-    if isinstance(indices, Tensor):
-        # An i64 tensor is a traced value under compile (never a retrace); the IR checks
-        # its values when the gather runs.
-        _index_tensor(indices, "indices")
-        if indices.tag_count != 1:
-            raise TagError(f"gather needs a rank-1 index tensor, got tags {indices.axis_tags}")
-        same_ctx(self, indices)
-        return result(self, out, emit("gather", (self._node, indices._node), axis=i,
-                                      index=None))
-    idx = host_indices(indices, self._node.shape[i], tag)
-    return result(self, out, _gather_node(self, i, idx))
+    idx = index_input(self, indices, self._node.shape[i], tag)
+    return result(self, out, _rows_node("gather", (self._node,), idx, i))
 
 
 def _concat(self: Any, tag: str, others: Any) -> Any:
@@ -105,21 +113,15 @@ def _concat(self: Any, tag: str, others: Any) -> Any:
     return result(self, self.axis_tags, node)
 
 
-def _index_tensor(index: Any, what: str) -> None:
-    check_tensor(index, what)
-    if index.dtype is not DType.i64:
-        raise TagError(f"{what} must be an i64 tensor, got {index.dtype.value}")
-
-
 def _set_rows_node(self: Any, axis: int, idx: np.ndarray, update: Node) -> Node:
     return emit("set_index", (self._node, update), axis=axis, index=idx)
 
 
-def _zero_rows(self: Any, axis: int, idx: np.ndarray) -> Any:
+def _zero_rows(self: Any, axis: int, idx: np.ndarray | Node) -> Any:
     shape = list(self.shape)
-    shape[axis] = idx.size
+    shape[axis] = _count(idx)
     zeros = emit("fill", (), shape=tuple(shape), dtype=self.dtype, value=0)
-    return result(self, self.axis_tags, _set_rows_node(self, axis, idx, zeros))
+    return result(self, self.axis_tags, _rows_node("set_index", (self._node, zeros), idx, axis))
 
 
 def _pad_node(node: Node, axis: int, before: int, after: int, fill: float) -> Node:
@@ -159,9 +161,14 @@ def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
     return x if padded else x.materialize()
 
 
-def _mask_flags(self: Any, mask: Any) -> np.ndarray:
+def _mask_flags(self: Any, mask: Any, op: str) -> np.ndarray:
     check_tensor(mask, "mask")
     same_ctx(self, mask)
+    if mask._node.value.is_symbolic:
+        raise UnsupportedView(
+            f"{op}: the mask's values are read while tracing (they decide which positions "
+            "exist); under compile capture the mask from a closure or global instead of "
+            "passing it as an argument: its values are then guarded (a change traces again)")
     if mask.requires_grad:
         raise UnsupportedGradient("a mask is control data and must not require grad")
     if set(mask.axis_tags) != set(self.axis_tags):
@@ -205,6 +212,62 @@ def _section_index(self: Any, tag: str, offsets: Any, circular: bool) -> np.ndar
     return np.moveaxis(src.reshape(moved_shape), -1, i).reshape(-1)
 
 
+def _i64_broadcast(values: np.ndarray, shape: tuple[int, ...], axis: int | None) -> Node:
+    """An i64 constant viewed over ``shape``: a scalar (``axis`` None) or a vector along
+    ``axis``."""
+    node = leaf(RawTensor.from_array(DType.i64, values.astype(np.int64).reshape(-1)), None,
+                False)
+    coeffs = tuple((1,) if k == axis else (0,) for k in range(len(shape)))
+    return emit("view", (node,), shape=shape, coeffs=coeffs, base=(0,))
+
+
+def _section_shift(self: Any, tag: str, offsets: Any, circular: bool, fill: float) -> Node:
+    """roll_by / shift_by with per-section offsets from an integer tensor (a traced input):
+    each element's source position is computed in the IR and read with ``take_along``
+    (exactly the host path's index map, values known only when the op runs)."""
+    i = T.index(self.axis_tags, tag)
+    shape = self._node.shape
+    n = shape[i]
+    sections = self._node.value.numel // n
+    check_tensor(offsets, "offsets")
+    same_ctx(self, offsets)
+    if not offsets.dtype.is_integer:
+        raise TagError(f"offsets must be an integer tensor, got {offsets.dtype.value}")
+    off = offsets._node
+    if offsets.tag_count != 1 or off.value.numel != sections:
+        raise InvalidShape(f"expected {sections} integer offsets (one per section along "
+                           f"{tag!r}), got {off.value.numel}")
+    if not off.value.is_contiguous():
+        off = emit("copy", (off,))
+    if off.dtype is not DType.i64:
+        off = emit("cast", (off,), dtype=DType.i64, src=off.dtype)
+    # section s = the row-major position over the other axes (the host path's order)
+    rest = iter(contiguous_strides(tuple(d for k, d in enumerate(shape) if k != i) or (1,)))
+    coeffs = tuple((0,) if k == i else (next(rest),) for k in range(len(shape)))
+    off = emit("view", (off,), shape=shape, coeffs=coeffs, base=(0,))
+    iota = _i64_broadcast(np.arange(n), shape, i)
+
+    def const(v: int) -> Node:
+        return _i64_broadcast(np.array([v]), shape, None)
+
+    def take(index: Node) -> Node:
+        return emit("take_along", (self._node, index), axis=i, shape=shape, dtype=self.dtype)
+
+    if circular:  # (j - off mod n) mod n: in range for any int64 offset
+        k = emit("binary", (off, const(n)), fn="mod")
+        return take(emit("binary", (emit("binary", (iota, k), fn="sub"), const(n)), fn="mod"))
+    lo, hi = const(-n), const(n)
+    off = emit("where", (emit("compare", (off, lo), fn="lt"), lo,
+                         emit("where", (emit("compare", (off, hi), fn="gt"), hi, off))))
+    j = emit("binary", (iota, off), fn="sub")  # in [-n, 2n)
+    zero = const(0)
+    below = emit("compare", (j, zero), fn="lt")
+    above = emit("compare", (j, const(n)), fn="ge")
+    src = take(emit("where", (below, zero, emit("where", (above, zero, j)))))
+    filled = emit("fill", (), shape=shape, dtype=self.dtype, value=fill)
+    return emit("where", (below, filled, emit("where", (above, filled, src))))
+
+
 # -- per-element indexed ops ----------------------------------------------------------------
 
 
@@ -212,8 +275,8 @@ def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) ->
     i = T.index(self.axis_tags, tag)
     check_tensor(indices, "indices")
     same_ctx(self, indices)
-    if indices.dtype is not DType.i64:
-        raise TagError(f"indices must be an i64 tensor, got {indices.dtype.value}")
+    if not indices.dtype.is_integer:
+        raise TagError(f"indices must be an integer tensor, got {indices.dtype.value}")
     if set(indices.axis_tags) != set(self.axis_tags):
         raise TagError(f"indices tags {indices.axis_tags} differ from {self.axis_tags}")
     isz = sizes_of(indices)
@@ -222,7 +285,10 @@ def _element_index(self: Any, tag: str, indices: Any, shape_like: Any = None) ->
         if t != tag and isz[t] != d:
             raise ShapeMismatch(f"indices: tag {t!r} has size {isz[t]}, tensor has {d}")
     # Index values are checked by the IR before the kernel reads them (eager and compiled).
-    return i, align_node(indices, self.axis_tags, ishape), ishape
+    node = align_node(indices, self.axis_tags, ishape)
+    if indices.dtype is not DType.i64:
+        node = emit("cast", (node,), dtype=DType.i64, src=indices.dtype)
+    return i, node, ishape
 
 
 def _scatter(self: Any, tag: str, indices: Any, src: Any, op: str) -> Any:
@@ -258,8 +324,8 @@ class RowEdits(Tensor):
 
     def gather(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor,
                out_tag: str) -> Self:
-        """Rows ``indices`` along ``tag`` (host ints or a rank-1 i64 tensor), the axis
-        retagged ``out_tag``."""
+        """Rows ``indices`` along ``tag`` (host ints or a rank-1 integer tensor, a traced
+        input under compile), the axis retagged ``out_tag``."""
         return _gather(self, tag, indices, out_tag)
 
     def set_slice(self, tag: str, start: int, update: Tensor) -> Self:
@@ -275,18 +341,23 @@ class RowEdits(Tensor):
         idx = np.arange(start, start + n, dtype=np.int64)
         return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
 
-    def set_rows(self, tag: str, indices: Sequence[int] | np.ndarray, update: Tensor) -> Self:
-        """Copy of self with rows ``indices`` (unique) along ``tag`` overwritten by ``update``."""
+    def set_rows(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor,
+                 update: Tensor) -> Self:
+        """Copy of self with rows ``indices`` (unique; host ints or a rank-1 integer
+        tensor) along ``tag`` overwritten by ``update``."""
         i = T.index(self.axis_tags, tag)
         _same_type(self, update, "update")
-        idx = host_indices(indices, self.shape[i], tag)
-        if len(np.unique(idx)) != idx.size:
-            raise InvalidShape(f"set_rows: duplicate indices in {idx.tolist()}")
-        if update.shape[i] != idx.size:
+        idx = index_input(self, indices, self.shape[i], tag)
+        if isinstance(idx, np.ndarray):
+            check_unique(idx, "set_rows")  # a tensor's values: when the op runs
+        n = _count(idx)
+        if update.shape[i] != n:
             raise InvalidShape(f"set_rows: update has {update.shape[i]} rows along {tag!r}, "
-                               f"{idx.size} indices given")
+                               f"{n} indices given")
         _match_except(self, update, tag, "set_rows")
-        return result(self, self.axis_tags, _set_rows_node(self, i, idx, update._node))
+        node = _rows_node("set_index", (self._node, update._node), idx, i,
+                          **({"unique": True} if isinstance(idx, Node) else {}))
+        return result(self, self.axis_tags, node)
 
 
 class Rearrange(Tensor):
@@ -370,23 +441,26 @@ class IndexedOps(Tensor):
     __slots__ = ()
 
     def index_select(self, tag: str, index: Tensor, out_tag: str) -> Self:
-        """torch.index_select: ``gather`` with a rank-1 i64 index tensor."""
+        """torch.index_select: ``gather`` with a rank-1 integer index tensor."""
         check_tensor(index, "index")
         if index.tag_count != 1:
             raise TagError(
                 f"index_select needs a rank-1 index tensor, got tags {index.axis_tags}")
         return _gather(self, tag, index, out_tag)
 
-    def index_add(self, tag: str, indices: Sequence[int] | np.ndarray, update: Tensor) -> Self:
-        """Copy of self with ``update``'s rows added at ``indices`` (duplicates accumulate)."""
+    def index_add(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor,
+                  update: Tensor) -> Self:
+        """Copy of self with ``update``'s rows added at ``indices`` (host ints or a rank-1
+        integer tensor; duplicates accumulate)."""
         i = T.index(self.axis_tags, tag)
         _same_type(self, update, "update")
-        idx = host_indices(indices, self.shape[i], tag)
-        if update.shape[i] != idx.size:
+        idx = index_input(self, indices, self.shape[i], tag)
+        n = _count(idx)
+        if update.shape[i] != n:
             raise InvalidShape(f"index_add: update has {update.shape[i]} rows along {tag!r}, "
-                               f"{idx.size} indices given")
+                               f"{n} indices given")
         _match_except(self, update, tag, "index_add")
-        node = emit("index_add", (self._node, update._node), axis=i, index=idx)
+        node = _rows_node("index_add", (self._node, update._node), idx, i)
         return result(self, self.axis_tags, node)
 
     def zero_slice(self, tag: str, start: int, length: int) -> Self:
@@ -399,13 +473,15 @@ class IndexedOps(Tensor):
                                    f"{tag!r} of size {dim}")
         return _zero_rows(self, i, np.arange(start, start + length, dtype=np.int64))
 
-    def zero_rows(self, tag: str, indices: Sequence[int] | np.ndarray) -> Self:
-        """Copy of self with rows ``indices`` along ``tag`` zeroed."""
+    def zero_rows(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor) -> Self:
+        """Copy of self with rows ``indices`` (host ints or a rank-1 integer tensor) along
+        ``tag`` zeroed."""
         i = T.index(self.axis_tags, tag)
-        return _zero_rows(self, i, np.unique(host_indices(indices, self.shape[i], tag)))
+        idx = index_input(self, indices, self.shape[i], tag)
+        return _zero_rows(self, i, np.unique(idx) if isinstance(idx, np.ndarray) else idx)
 
     def take_along_axis(self, tag: str, indices: Tensor) -> Self:
-        """torch.gather along ``tag`` with a same-tagged i64 index tensor."""
+        """torch.gather along ``tag`` with a same-tagged integer index tensor."""
         i, idx, ishape = _element_index(self, tag, indices)
         node = emit("take_along", (self._node, idx), axis=i, shape=ishape, dtype=self.dtype)
         return result(self, self.axis_tags, node)
@@ -421,7 +497,7 @@ class IndexedOps(Tensor):
     def masked_select(self, mask: Tensor, out_tag: str) -> Self:
         """Rank-1 ``out_tag`` of the elements where ``mask`` is nonzero (row-major)."""
         T.check_tag(out_tag)
-        flags = _mask_flags(self, mask)
+        flags = _mask_flags(self, mask, "masked_select")
         idx = np.flatnonzero(flags).astype(np.int64)
         if idx.size == 0:
             raise EmptySelection("masked_select: the mask selects nothing")
@@ -430,7 +506,7 @@ class IndexedOps(Tensor):
 
     def masked_scatter(self, mask: Tensor, values_tag: str, values: Tensor) -> Self:
         """Copy of self with rank-1 ``values`` written where ``mask`` is nonzero (row-major)."""
-        flags = _mask_flags(self, mask)
+        flags = _mask_flags(self, mask, "masked_scatter")
         check_tensor(values, "values")
         same_ctx(self, values)
         if values.axis_tags != (values_tag,):
@@ -454,16 +530,25 @@ class IndexedOps(Tensor):
         arr = decode(self.numpy(), self.dtype)
         return np.flatnonzero(arr.reshape(-1) != 0).tolist()
 
-    def roll_by(self, tag: str, offsets: Sequence[int] | np.ndarray) -> Self:
-        """Roll each section along ``tag`` by its own offset (roll's sign convention)."""
+    def roll_by(self, tag: str, offsets: Sequence[int] | np.ndarray | Tensor) -> Self:
+        """Roll each section along ``tag`` by its own offset (roll's sign convention).
+
+        Sections are the positions of the other axes in row-major order; ``offsets``
+        holds one int per section (host data, or a rank-1 integer tensor: a traced
+        input under compile)."""
+        if isinstance(offsets, Tensor):
+            return result(self, self.axis_tags, _section_shift(self, tag, offsets, True, 0.0))
         idx = _section_index(self, tag, offsets, circular=True)
         node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape)
         return result(self, self.axis_tags, node)
 
-    def shift_by(self, tag: str, offsets: Sequence[int] | np.ndarray, fill: float = 0.0,
-                 ) -> Self:
-        """Non-circular per-section shift along ``tag``; shifted-in positions hold ``fill``."""
+    def shift_by(self, tag: str, offsets: Sequence[int] | np.ndarray | Tensor,
+                 fill: float = 0.0) -> Self:
+        """Non-circular per-section shift along ``tag``; shifted-in positions hold ``fill``
+        (offsets as :meth:`roll_by`)."""
         fill = real_arg(fill, "fill")
+        if isinstance(offsets, Tensor):
+            return result(self, self.axis_tags, _section_shift(self, tag, offsets, False, fill))
         idx = _section_index(self, tag, offsets, circular=False)
         node = emit("gather_flat", (self._node,), index=idx, shape=self._node.shape,
                     has_fill=True, fill=fill)
@@ -522,13 +607,14 @@ class BlockRows(Tensor):
 
     __slots__ = ()
 
-    def get_rows(self, tag: str, indices: Sequence[int] | np.ndarray, out_tag: str,
+    def get_rows(self, tag: str, indices: Sequence[int] | np.ndarray | Tensor, out_tag: str,
                  ) -> F32Tensor:
-        """Gather rows of a rank-2 block-quantized tensor and dequantize them to f32."""
+        """Gather rows ``indices`` (host ints or a rank-1 integer tensor) of a rank-2
+        block-quantized tensor and dequantize them to f32."""
         i = T.index(self.axis_tags, tag)
         if self.tag_count != 2 or i != 0:
             raise TagError("get_rows gathers along the row (first) axis of a rank-2 tensor")
         out = T.replace_tag(self.axis_tags, tag, out_tag)
-        idx = host_indices(indices, self._node.shape[i], tag)
-        rows = _gather_node(self, i, idx)
+        idx = index_input(self, indices, self._node.shape[i], tag)
+        rows = _rows_node("gather", (self._node,), idx, i)
         return result(self, out, emit("dequantize", (rows,), src=self.dtype), DType.f32)
