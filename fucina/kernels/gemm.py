@@ -164,7 +164,7 @@ def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], la: tuple[int, .
                     None if perm == tuple(range(len(perm))) else perm)
 
 
-def _matrix_view(x: np.ndarray, labels: tuple[int, ...], batch: tuple[int, ...],
+def matrix_view(x: np.ndarray, labels: tuple[int, ...], batch: tuple[int, ...],
                  rows: tuple[int, ...], cols: tuple[int, ...], side: Side,
                  bsizes: tuple[int, ...], nrows: int, ncols: int) -> np.ndarray:
     shape = bsizes + (nrows, ncols)
@@ -207,8 +207,8 @@ def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, .
     item = a.itemsize
     p = decided or plan(a.shape, tuple(s // item for s in a.strides), la,
                         b.shape, tuple(s // b.itemsize for s in b.strides), lb, lo)
-    A = _matrix_view(a, la, p.batch, p.m, p.k, p.a, p.batch_sizes, p.msize, p.ksize)
-    B = _matrix_view(b, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
+    A = matrix_view(a, la, p.batch, p.m, p.k, p.a, p.batch_sizes, p.msize, p.ksize)
+    B = matrix_view(b, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
     sizes = dict(zip(la, a.shape)) | dict(zip(lb, b.shape))
     canon = p.batch + p.m + p.n
     if out is not None and p.out_perm is None and out.dtype == acc:
