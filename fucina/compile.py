@@ -49,6 +49,7 @@ from .ir.ops import OPS, OpDef
 from .ir.printer import format_program
 from .ir.program import Program
 from .kernels.cache import SIZE_SOURCES, Kernel
+from .kernels.inplace import exclusive
 from .runtime.context import ExecContext
 from .runtime.gradmode import enable_grad, is_grad_enabled, no_grad
 from .runtime.lru import LRU
@@ -690,7 +691,16 @@ class Compiled:
 
 
 def _deliver(node: Node, grad: RawTensor) -> None:
-    """Hand a gradient the compiled backward produced to its real destination."""
+    """Hand a gradient the compiled backward produced to its real destination.
+
+    A variable without a gradient takes the program's fresh result buffer as
+    its gradient when nothing else holds that buffer (what accumulate's copy
+    would give it, without the copy).
+    """
+    if (node.op == "variable" and node.grad is None and grad.dtype is DType.f32
+            and exclusive(grad)):
+        node.grad = grad
+        return
     seed = leaf(grad, None, False)
     with no_grad():
         if node.op == "variable":

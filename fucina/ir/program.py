@@ -427,7 +427,8 @@ class Program:
                 return
             res = np.asarray(res)
             if res.dtype == dtype and res.size == count and res.flags.c_contiguous:
-                bufs[slot] = res.reshape(-1)  # adopt the result: no copy into a planned buffer
+                # adopt the result: no copy into a planned buffer
+                bufs[slot] = res if res.ndim == 1 else res.reshape(-1)
             else:
                 buffer(bufs, scr)[...] = np.ascontiguousarray(res, dtype=dtype).reshape(-1)
         return run, ((slot,) if contract else ())
