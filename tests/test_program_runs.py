@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import fucina as F
+from fucina.kernels import gemm
 
 RNG = np.random.default_rng(7)
 
@@ -48,3 +49,46 @@ def test_delivered_gradients_are_fresh_buffers_equal_to_eager(ctx):
         for view, values in views:
             np.testing.assert_array_equal(view.numpy(), values)
     assert len({id(v.as_raw_tensor().storage.buf) for views in held for v, _ in views}) == 9
+
+
+def test_weight_gradients_gemm_straight_into_their_order(ctx):
+    # dW[out, in] = sum_b dh[b, out] x[b, in]: the GEMM swaps its operands to write
+    # [out, in] itself (no transposed result copied); compiled equals eager bit for bit.
+    x0 = RNG.standard_normal((16, 3)).astype(np.float32)
+    grads = []
+    for mode in ("eager", "compiled"):
+        params = _mlp(ctx)
+        x = F.Tensor("b", "in").from_slice(ctx, x0.shape, x0)
+        fn = F.compile(lambda x, params=params: _loss(params, x))
+        if mode == "compiled":
+            assert "operands=swapped" in fn.ir(x)
+            for p in params:
+                p.zero_grad()
+            fn(x)
+        else:
+            _loss(params, x)
+        grads.append([p.grad().numpy() for p in params])
+    for g_eager, g_comp in zip(*grads):
+        np.testing.assert_array_equal(g_comp, g_eager)
+    w1, b1, w2 = (p.numpy() for p in _mlp(ctx))
+    h = np.tanh(x0 @ w1.T + b1)
+    dh = (1 - h * h) * w2.sum(axis=0)
+    np.testing.assert_allclose(grads[0][0], dh.T @ x0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grads[0][2], np.tile(h.sum(axis=0), (2, 1)), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_swapped_gemm_plan_batched_and_strided():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 5, 4)).astype(np.float32)            # [b, m, k]
+    b = rng.standard_normal((3, 6, 4)).astype(np.float32).transpose(0, 2, 1)  # [b, k, n]
+    p = gemm.plan(a.shape, tuple(s // 4 for s in a.strides), (0, 1, 2),
+                  b.shape, tuple(s // 4 for s in b.strides), (0, 2, 3), (0, 3, 1))
+    assert p.swapped and p.out_perm is None and p.copies == ()
+    out = np.empty(3 * 6 * 5, np.float32)
+    got = gemm.contract(a, b, (0, 1, 2), (0, 2, 3), (0, 3, 1), np.dtype(np.float32), out=out)
+    assert np.shares_memory(got, out) and got.shape == (3, 6, 5)
+    np.testing.assert_allclose(got, np.einsum("bmk,bkn->bnm", a, b), rtol=1e-5, atol=1e-5)
+    # Without a buffer the same plan returns the [b, n, m] result.
+    np.testing.assert_array_equal(
+        gemm.contract(a, b, (0, 1, 2), (0, 2, 3), (0, 3, 1), np.dtype(np.float32)), got)

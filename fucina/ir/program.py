@@ -443,10 +443,13 @@ class Program:
         scratch set when the buffer is the set's own.
         """
         la, lb, _ = (tuple(x) for x in n.attrs["labels"])
+        left, right = n.inputs
+        if p.swapped:
+            left, right, la, lb = right, left, lb, la
         dtype, count = self.slot_meta[slot]
         out_shape = p.batch_sizes + (p.msize, p.nsize)
-        sides = ((n.inputs[0], la, p.m, p.k, p.a, p.msize, p.ksize),
-                 (n.inputs[1], lb, p.k, p.n, p.b, p.ksize, p.nsize))
+        sides = ((left, la, p.m, p.k, p.a, p.msize, p.ksize),
+                 (right, lb, p.k, p.n, p.b, p.ksize, p.nsize))
         mats = [self._matrix(i, j, *side, p) for j, side in enumerate(sides)]
         read_a, read_b = mats
         kept_out = not fresh and slot >= self._n_in
