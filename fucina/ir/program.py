@@ -20,7 +20,7 @@ from ..errors import InvalidDataLength
 from ..kernels import cache as kcache
 from ..kernels import codegen as cg
 from ..kernels import gemm, reference, threads
-from ..runtime.raw import RawTensor
+from ..runtime.raw import RawTensor, contiguous_strides
 from ..runtime.storage import POOL, storage_for
 from .checks import VALUE_CHECKS, reads_index_values
 from .fusion import BuiltKernel, Fuser, build
@@ -402,6 +402,10 @@ class Program:
         if (p is not None and n.dtype in (DType.f32, DType.f64) and p.out_perm is None
                 and not p.copies and all(n.attrs["labels"][:2])):
             return self._gemm_runner(i, n, p, slot, fresh), (slot,)
+        if n.op == "embed_view":
+            embed = self._embed_runner(i, n, slot, fresh)
+            if embed is not None:
+                return embed, (slot,)
         readers = [self._operand(i, j, v) for j, v in enumerate(n.inputs)]
         op, attrs, out = n.op, n.attrs, n.dtype
         in_dtypes = [v.dtype for v in n.inputs]
@@ -432,6 +436,50 @@ class Program:
             else:
                 buffer(bufs, scr)[...] = np.ascontiguousarray(res, dtype=dtype).reshape(-1)
         return run, ((slot,) if contract else ())
+
+    def _embed_runner(self, i: int, n: Node, slot: int, fresh: bool
+                      ) -> Callable[[list[Any], _Scratch], None] | None:
+        """The adjoint of a one-to-one view (a bias gradient: a broadcast summed away)
+        written straight into its buffer: the reference kernel's own sum, zeros and add,
+        with the target layout decided once. None for overlapping views."""
+        g, v = n.inputs[0].value, n.value
+        if (g.dtype is not v.dtype or v.dtype.block_size != 1 or v.offset
+                or not v.is_contiguous() or v.shape != tuple(n.attrs["in_shape"])):
+            return None
+        coeffs, base = n.attrs["coeffs"], n.attrs["base"]
+        bcast = tuple(k for k, row in enumerate(coeffs) if not any(row))
+        cstr = contiguous_strides(v.shape)
+        shape = tuple(1 if k in bcast else d for k, d in enumerate(g.shape))
+        strides = tuple(0 if k in bcast else sum(c * s for c, s in zip(row, cstr))
+                        for k, row in enumerate(coeffs))
+        if not reference.one_to_one(shape, strides):
+            return None
+        dtype, count = self.slot_meta[slot]
+        item = dtype.itemsize
+        off = sum(b * s for b, s in zip(base, cstr)) * item
+        bstrides = tuple(s * item for s in strides)
+        read = self._operand(i, 0, n.inputs[0])
+        kept = not fresh and slot >= self._n_in
+        key = (i, 1)
+
+        def run(bufs: list[Any], scr: _Scratch) -> None:
+            grad = read(bufs, scr)
+            if bcast:
+                grad = grad.sum(axis=bcast, keepdims=True)
+            if fresh:
+                buf = bufs[slot] = POOL.take(dtype, count)
+            else:
+                buf = bufs[slot]
+            buf.fill(0)
+            hit = scr.views.get(key) if kept else None
+            if hit is None or hit[0] is not buf:
+                hit = (buf, np.ndarray(shape, dtype=dtype, buffer=buf, offset=off,
+                                       strides=bstrides))
+                if kept:
+                    scr.views[key] = hit
+            target = hit[1]
+            target += grad
+        return run
 
     def _gemm_runner(self, i: int, n: Node, p: Any, slot: int, fresh: bool
                      ) -> Callable[[list[Any], _Scratch], None]:
