@@ -92,3 +92,48 @@ def test_swapped_gemm_plan_batched_and_strided():
     # Without a buffer the same plan returns the [b, n, m] result.
     np.testing.assert_array_equal(
         gemm.contract(a, b, (0, 1, 2), (0, 2, 3), (0, 3, 1), np.dtype(np.float32)), got)
+
+
+def test_view_adjoints_in_compiled_runs_equal_eager_run_after_run(ctx):
+    # A narrowed and a strided view (their adjoints fill part of the gradient, zeros
+    # elsewhere) and a broadcast bias (its adjoint sums the batch away): each compiled run
+    # writes the gradient buffers afresh, equal to eager bit for bit.
+    rng = np.random.default_rng(5)
+    w0 = rng.standard_normal((6, 5)).astype(np.float32)
+    b0 = rng.standard_normal(5).astype(np.float32)
+
+    def loss(w, v, b, x):
+        part = w.narrow("r", 1, 4).mul(x)
+        every = v.slice_step("r", 0, 3, 2).mul(v.slice_step("r", 0, 3, 2)).sum_all()
+        out = part.add(b).tanh().sum_all().add(every)
+        out.backward()
+        return out
+
+    runs = []
+    for mode in ("eager", "compiled"):
+        w = F.Tensor("r", "c").variable_from_slice(ctx, w0.shape, w0)
+        v = F.Tensor("r", "c").variable_from_slice(ctx, w0.shape, w0)
+        b = F.Tensor("c").variable_from_slice(ctx, b0.shape, b0)
+        fn = F.compile(loss) if mode == "compiled" else loss
+        got = []
+        for k in range(3):
+            x0 = rng.standard_normal((4, 5)).astype(np.float32) if mode == "eager" else \
+                runs[0][k][2]
+            for p in (w, v, b):
+                p.zero_grad()
+            fn(w, v, b, F.Tensor("r", "c").from_slice(ctx, x0.shape, x0))
+            got.append((w.grad().numpy(), b.grad().numpy(), x0, v.grad().numpy()))
+        runs.append(got)
+    for (we, be, x0, ve), (wc, bc, _, vc) in zip(*runs):
+        # (the fused tanh derivative may round one ulp apart from eager's)
+        np.testing.assert_allclose(wc, we, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(bc, be, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(vc, ve)
+        want_v = np.zeros_like(w0)
+        want_v[0:6:2] = 2 * w0[0:6:2]
+        np.testing.assert_allclose(ve, want_v, rtol=1e-6)
+        t = np.tanh(w0[1:5] * x0 + b0)
+        np.testing.assert_allclose(be, (1 - t * t).sum(axis=0), rtol=1e-5, atol=1e-6)
+        want = np.zeros_like(w0)
+        want[1:5] = (1 - t * t) * x0
+        np.testing.assert_allclose(we, want, rtol=1e-5, atol=1e-6)
