@@ -9,6 +9,7 @@ buffers and executes the steps.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -318,7 +319,15 @@ class Program:
         # Scratch slots a kernel or a planned GEMM writes into: allocated with the set.
         written: set[int] = set()
         self._runners: list[Callable[[list[Any], _Scratch], None]] = []
+        # Constant fills held by a slot of their own: computed once, never written again.
+        self._constants: list[tuple[int, np.ndarray]] = []
+        shared = Counter(self.slot.values())
         for i, st in enumerate(self.steps):
+            if st.kind == "ref" and st.node is not None and st.node.op == "fill":
+                value = self._constant(st.node, shared)
+                if value is not None:
+                    self._constants.append((self.slot[id(st.node.value.storage)], value))
+                    continue
             if st.kind == "kernel":
                 runner, outs = self._kernel_runner(st)
             elif st.kind == "ref":
@@ -331,12 +340,33 @@ class Program:
         self._copy_plan = [(self.slot[id(w.value.storage)], w.value, k, self.inputs[k].value)
                            for k, w in self.copies]
         self._out_plan = [(self.slot[id(o.value.storage)], o.value) for o in self.outputs]
+        # Outputs that are the whole of a fresh buffer no other output shares: a caller
+        # may adopt them (compiled gradients) once it sees nothing else holds the buffer.
+        uses = Counter(slot for slot, _ in self._out_plan)
+        self.sole_outputs = frozenset(
+            j for j, (slot, v) in enumerate(self._out_plan)
+            if slot in self.fresh_slots and uses[slot] == 1 and v.offset == 0
+            and v.is_contiguous() and v.numel == self.slot_meta[slot][1])
+
+    def _constant(self, n: Node, shared: Counter[int]) -> np.ndarray | None:
+        """A fill's values, when its slot is its own (no other value reuses it, no caller
+        receives it): the slot then holds one array for every run."""
+        slot = self.slot[id(n.value.storage)]
+        if shared[slot] != 1 or slot < len(self.inputs) or slot in self.fresh_slots:
+            return None
+        dtype, count = self.slot_meta[slot]
+        res = np.asarray(reference.run(n.op, n.attrs, [], [], n.dtype))
+        if res.dtype != dtype or res.size != count:
+            return None
+        return np.ascontiguousarray(res).reshape(-1)
 
     def _new_scratch(self) -> _Scratch:
         bufs: list[Any] = [None] * len(self.slot_meta)
         for slot in self._written:
             dtype, count = self.slot_meta[slot]
             bufs[slot] = np.empty(count, dtype=dtype)
+        for slot, value in self._constants:
+            bufs[slot] = value
         return _Scratch(bufs)
 
     def _operand(self, i: int, j: int, v: Node) -> Callable[[list[Any], _Scratch], np.ndarray]:
