@@ -9,6 +9,7 @@ buffers and executes the steps.
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,6 +215,10 @@ class Program:
                 last_use[id(v.value.storage)] = k
         keep = {id(o.value.storage) for o in self.outputs + [v for _, v in self.writes]}
         produced_ids = {id(n.value.storage) for ns in produced for n in ns}
+        # A constant fill keeps a slot of its own: its values are then computed once
+        # per program (see _constant), never overwritten by a value reusing the slot.
+        own = {id(st.node.value.storage) for st in self.steps
+               if st.kind == "ref" and st.node is not None and st.node.op == "fill"}
         free: dict[tuple[str, int], list[int]] = {}
         self.fresh_slots: set[int] = set()
         for k, st in enumerate(self.steps):
@@ -228,7 +233,7 @@ class Program:
                 sid = id(n.value.storage)
                 count = int(np.prod(n.value.storage_shape()))
                 key = (n.value.dtype.storage.str, count)
-                if sid not in keep and free.get(key):
+                if sid not in keep and sid not in own and free.get(key):
                     self.slot[sid] = free[key].pop()
                 else:
                     self.slot[sid] = len(self.slot_meta)
@@ -236,7 +241,8 @@ class Program:
                     if sid in keep:
                         self.fresh_slots.add(self.slot[sid])
             for sid in {id(v.value.storage) for v in reads}:  # once per buffer
-                if last_use.get(sid) == k and sid not in keep and sid in produced_ids:
+                if (last_use.get(sid) == k and sid not in keep and sid not in own
+                        and sid in produced_ids):
                     # Key by the buffer's own size: a reader may see it through a
                     # broadcast view of another shape.
                     slot = self.slot[sid]
@@ -398,6 +404,14 @@ class Program:
         outs = tuple(self.slot[id(n.value.storage)] for n in b.outputs)
         fresh = tuple((s, *self.slot_meta[s]) for s in outs if s in self.fresh_slots)
         slots = outs + st.in_slots
+        pick: Callable[[list[Any]], tuple[Any, ...]]
+        if len(slots) == 1:  # (itemgetter of one item returns the item, not a tuple)
+            only = slots[0]
+
+            def pick(bufs: list[Any]) -> tuple[Any, ...]:
+                return (bufs[only],)
+        else:
+            pick = operator.itemgetter(*slots)
         tail = st.tail
         kernel: Any = st.kernel
         bare: list[Any] = [None]  # the dispatcher itself, once a first call was accounted
@@ -407,10 +421,10 @@ class Program:
                 bufs[s] = POOL.take(dtype, count)
             fn = bare[0]
             if fn is None:
-                kernel(*[bufs[s] for s in slots], *tail)
+                kernel(*pick(bufs), *tail)
                 bare[0] = kernel.fn
             else:
-                fn(*[bufs[s] for s in slots], *tail)
+                fn(*pick(bufs), *tail)
         return run, outs
 
     def _check_runner(self, i: int, st: Step) -> Callable[[list[Any], _Scratch], None]:
