@@ -137,3 +137,26 @@ def test_view_adjoints_in_compiled_runs_equal_eager_run_after_run(ctx):
         want = np.zeros_like(w0)
         want[1:5] = (1 - t * t) * x0
         np.testing.assert_allclose(we, want, rtol=1e-5, atol=1e-6)
+
+
+def test_constant_fills_hold_their_values_run_after_run(ctx):
+    # logsumexp's fallback for a row with no finite max is a constant fill, computed once
+    # per program: every run (and every row layout) must still see it.
+    def f(x):
+        return x.logsumexp("c").mul(x.sum("c"))
+
+    fast = F.compile(f)
+    rng = np.random.default_rng(11)
+    for k in range(4):
+        x0 = rng.standard_normal((6, 3)).astype(np.float32)
+        x0[k % 6] = -np.inf
+        x = F.Tensor("b", "c").from_slice(ctx, x0.shape, x0)
+        want = f(x).numpy()
+        got = fast(x).numpy()
+        np.testing.assert_array_equal(got, want)
+        m = x0.max(axis=1)
+        safe = np.where(np.isfinite(m), m, 0.0)
+        with np.errstate(divide="ignore"):  # the -inf row: log(0)
+            ref = (np.log(np.exp(x0 - safe[:, None]).sum(axis=1)) + safe) * x0.sum(axis=1)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert fast.cache_size() == 1
