@@ -3,6 +3,8 @@ gradients handed over without copies. Every run must equal eager, call after cal
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 import fucina as F
@@ -160,3 +162,58 @@ def test_constant_fills_hold_their_values_run_after_run(ctx):
             ref = (np.log(np.exp(x0 - safe[:, None]).sum(axis=1)) + safe) * x0.sum(axis=1)
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     assert fast.cache_size() == 1
+
+
+def test_one_training_program_from_four_threads_equals_eager(ctx):
+    # GEMMs (one with swapped operands), bias-gradient sums and a constant fill, run by
+    # four threads at once: each run has its own scratch set and views, and each
+    # thread's variables receive exactly their own gradients.
+    def loss(x, w, b):
+        out = x.dot(w, "in").add(b).tanh().logsumexp("h").sum_all()
+        out.backward()
+        return out
+
+    rng = np.random.default_rng(13)
+    data = [(rng.standard_normal((32, 5)).astype(np.float32),
+             rng.standard_normal((7, 5)).astype(np.float32),
+             rng.standard_normal(7).astype(np.float32)) for _ in range(4)]
+
+    def make(k):
+        x0, w0, b0 = data[k]
+        return (F.Tensor("b", "in").from_slice(ctx, x0.shape, x0),
+                F.Tensor("h", "in").variable_from_slice(ctx, w0.shape, w0),
+                F.Tensor("h").variable_from_slice(ctx, b0.shape, b0))
+
+    want = []
+    for k in range(4):
+        x, w, b = make(k)
+        value = loss(x, w, b).item()
+        want.append((value, w.grad().numpy(), b.grad().numpy()))
+    fast = F.compile(loss)
+    fast(*make(0))
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def work(k):
+        try:
+            x, w, b = make(k)
+            barrier.wait()
+            for _ in range(20):
+                w.zero_grad()
+                b.zero_grad()
+                value = fast(x, w, b).item()
+                np.testing.assert_allclose(value, want[k][0], rtol=1e-5)
+                np.testing.assert_allclose(w.grad().numpy(), want[k][1], rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(b.grad().numpy(), want[k][2], rtol=1e-5, atol=1e-6)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    assert fast.cache_size() == 1
+    assert "operands=swapped" in fast.ir(*make(0))
