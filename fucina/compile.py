@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import typing
 import weakref
@@ -759,8 +760,9 @@ class Compiled:
             else:
                 node = leaf(r, typ.axis_tags, False)
             outs.append(typ._from_node(node, ctx, op_result=True))
-        for target, g in zip(entry.grad_targets, raws[nout:]):
-            _deliver(nodes[target] if isinstance(target, int) else target, g)
+        sole = entry.program.sole_outputs
+        for j, (target, g) in enumerate(zip(entry.grad_targets, raws[nout:]), nout):
+            _deliver(nodes[target] if isinstance(target, int) else target, g, j in sole)
         return _rebuild(entry.structure, outs)
 
     def _inline(self, tracer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -805,8 +807,21 @@ class Compiled:
         return sum(len(v) for v in self._cache.values())
 
 
-def _deliver(node: Node, grad: RawTensor) -> None:
-    """Hand a gradient the compiled backward produced to its real destination."""
+def _deliver(node: Node, grad: RawTensor, sole: bool) -> None:
+    """Hand a gradient the compiled backward produced to its real destination.
+
+    A variable without a gradient takes the program's fresh result buffer as
+    its gradient when the program gave it whole to this output alone (``sole``)
+    and nothing else holds it: what accumulate's copy would give, without the copy.
+    """
+    if sole and node.op == "variable" and node.grad is None and grad.dtype is DType.f32:
+        st = grad.storage
+        buf = st.buf
+        # the storage slot, this local and getrefcount's argument: nobody else
+        if (buf is not None and buf.base is None and st.refs == 1 and not st.readonly
+                and not st.borrowed and sys.getrefcount(buf) <= 3):
+            node.grad = grad
+            return
     seed = leaf(grad, None, False)
     with no_grad():
         if node.op == "variable":

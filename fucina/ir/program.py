@@ -9,16 +9,20 @@ buffers and executes the steps.
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..dtypes import DType
 from ..errors import InvalidDataLength
 from ..kernels import cache as kcache
 from ..kernels import codegen as cg
 from ..kernels import gemm, reference, threads
-from ..runtime.raw import RawTensor
+from ..runtime.raw import RawTensor, contiguous_strides
 from ..runtime.storage import POOL, storage_for
 from .checks import VALUE_CHECKS, reads_index_values
 from .fusion import BuiltKernel, Fuser, build
@@ -211,6 +215,10 @@ class Program:
                 last_use[id(v.value.storage)] = k
         keep = {id(o.value.storage) for o in self.outputs + [v for _, v in self.writes]}
         produced_ids = {id(n.value.storage) for ns in produced for n in ns}
+        # A constant fill keeps a slot of its own: its values are then computed once
+        # per program (see _constant), never overwritten by a value reusing the slot.
+        own = {id(st.node.value.storage) for st in self.steps
+               if st.kind == "ref" and st.node is not None and st.node.op == "fill"}
         free: dict[tuple[str, int], list[int]] = {}
         self.fresh_slots: set[int] = set()
         for k, st in enumerate(self.steps):
@@ -225,7 +233,7 @@ class Program:
                 sid = id(n.value.storage)
                 count = int(np.prod(n.value.storage_shape()))
                 key = (n.value.dtype.storage.str, count)
-                if sid not in keep and free.get(key):
+                if sid not in keep and sid not in own and free.get(key):
                     self.slot[sid] = free[key].pop()
                 else:
                     self.slot[sid] = len(self.slot_meta)
@@ -233,7 +241,8 @@ class Program:
                     if sid in keep:
                         self.fresh_slots.add(self.slot[sid])
             for sid in {id(v.value.storage) for v in reads}:  # once per buffer
-                if last_use.get(sid) == k and sid not in keep and sid in produced_ids:
+                if (last_use.get(sid) == k and sid not in keep and sid not in own
+                        and sid in produced_ids):
                     # Key by the buffer's own size: a reader may see it through a
                     # broadcast view of another shape.
                     slot = self.slot[sid]
@@ -257,7 +266,8 @@ class Program:
         # Intermediate buffers, one set per concurrent run: a run takes a set (or makes
         # one) and gives it back, so threads calling one program never share scratch.
         # (list.pop/append are atomic: no lock needed.)
-        self._scratch_free: list[dict[int, np.ndarray]] = []
+        self._scratch_free: list[_Scratch] = []
+        self._prepare()
 
     def _plan_writes(self) -> None:
         """Write each in-place value into its input's buffer directly where that is safe.
@@ -303,6 +313,289 @@ class Program:
         return True
 
     # -- running -------------------------------------------------------------------
+    #
+    # Everything a run decides from the program alone is decided once, here: each
+    # step becomes a runner closure holding its slots, its kernel and (for a GEMM)
+    # its operand layouts. A run only binds buffers and calls the runners.
+
+    def _prepare(self) -> None:
+        """Build the per-step runners and the tables ``run`` reads."""
+        n_in = len(self.inputs)
+        self._n_in = n_in
+        # Scratch slots a kernel or a planned GEMM writes into: allocated with the set.
+        written: set[int] = set()
+        self._runners: list[Callable[[list[Any], _Scratch], None]] = []
+        # Constant fills held by a slot of their own: computed once, never written again.
+        self._constants: list[tuple[int, np.ndarray]] = []
+        shared = Counter(self.slot.values())
+        for i, st in enumerate(self.steps):
+            if st.kind == "ref" and st.node is not None and st.node.op == "fill":
+                value = self._constant(st.node, shared)
+                if value is not None:
+                    self._constants.append((self.slot[id(st.node.value.storage)], value))
+                    continue
+            if st.kind == "kernel":
+                runner, outs = self._kernel_runner(st)
+            elif st.kind == "ref":
+                runner, outs = self._ref_runner(i, st)
+            else:
+                runner, outs = self._check_runner(i, st), ()
+            written.update(s for s in outs if s >= n_in and s not in self.fresh_slots)
+            self._runners.append(runner)
+        self._written = sorted(written)
+        self._copy_plan = [(self.slot[id(w.value.storage)], w.value, k, self.inputs[k].value)
+                           for k, w in self.copies]
+        self._out_plan = [(self.slot[id(o.value.storage)], o.value) for o in self.outputs]
+        # Outputs that are the whole of a fresh buffer no other output shares: a caller
+        # may adopt them (compiled gradients) once it sees nothing else holds the buffer.
+        uses = Counter(slot for slot, _ in self._out_plan)
+        self.sole_outputs = frozenset(
+            j for j, (slot, v) in enumerate(self._out_plan)
+            if slot in self.fresh_slots and uses[slot] == 1 and v.offset == 0
+            and v.is_contiguous() and v.numel == self.slot_meta[slot][1])
+
+    def _constant(self, n: Node, shared: Counter[int]) -> np.ndarray | None:
+        """A fill's values, when its slot is its own (no other value reuses it, no caller
+        receives it): the slot then holds one array for every run."""
+        slot = self.slot[id(n.value.storage)]
+        if shared[slot] != 1 or slot < len(self.inputs) or slot in self.fresh_slots:
+            return None
+        dtype, count = self.slot_meta[slot]
+        res = np.asarray(reference.run(n.op, n.attrs, [], [], n.dtype))
+        if res.dtype != dtype or res.size != count:
+            return None
+        return np.ascontiguousarray(res).reshape(-1)
+
+    def _new_scratch(self) -> _Scratch:
+        bufs: list[Any] = [None] * len(self.slot_meta)
+        for slot in self._written:
+            dtype, count = self.slot_meta[slot]
+            bufs[slot] = np.empty(count, dtype=dtype)
+        for slot, value in self._constants:
+            bufs[slot] = value
+        return _Scratch(bufs)
+
+    def _operand(self, i: int, j: int, v: Node) -> Callable[[list[Any], _Scratch], np.ndarray]:
+        """A reader of step ``i``'s operand ``j``: its numpy view over the run's buffer.
+
+        Views over intermediate and constant buffers are kept in the scratch set
+        (those buffers persist with it); an argument's buffer changes per call,
+        so its view is made each time (keeping it would keep the caller's data alive).
+        """
+        slot = self.slot[id(v.value.storage)]
+        raw = v.value
+        if slot < self._n_in or slot in self.fresh_slots:
+            def fresh_view(bufs: list[Any], scr: _Scratch) -> np.ndarray:
+                return _view(bufs[slot], raw)
+            return fresh_view
+        key = (i, j)
+
+        def kept_view(bufs: list[Any], scr: _Scratch) -> np.ndarray:
+            buf = bufs[slot]
+            hit = scr.views.get(key)
+            if hit is None or hit[0] is not buf:
+                hit = scr.views[key] = (buf, _view(buf, raw))
+            return hit[1]
+        return kept_view
+
+    def _kernel_runner(self, st: Step) -> tuple[Callable[[list[Any], _Scratch], None],
+                                                 tuple[int, ...]]:
+        b: Any = st.built
+        outs = tuple(self.slot[id(n.value.storage)] for n in b.outputs)
+        fresh = tuple((s, *self.slot_meta[s]) for s in outs if s in self.fresh_slots)
+        slots = outs + st.in_slots
+        pick: Callable[[list[Any]], tuple[Any, ...]]
+        if len(slots) == 1:  # (itemgetter of one item returns the item, not a tuple)
+            only = slots[0]
+
+            def pick(bufs: list[Any]) -> tuple[Any, ...]:
+                return (bufs[only],)
+        else:
+            pick = operator.itemgetter(*slots)
+        tail = st.tail
+        kernel: Any = st.kernel
+        bare: list[Any] = [None]  # the dispatcher itself, once a first call was accounted
+
+        def run(bufs: list[Any], scr: _Scratch) -> None:
+            for s, dtype, count in fresh:
+                bufs[s] = POOL.take(dtype, count)
+            fn = bare[0]
+            if fn is None:
+                kernel(*pick(bufs), *tail)
+                bare[0] = kernel.fn
+            else:
+                fn(*pick(bufs), *tail)
+        return run, outs
+
+    def _check_runner(self, i: int, st: Step) -> Callable[[list[Any], _Scratch], None]:
+        n: Any = st.node
+        check = VALUE_CHECKS[n.op]
+        readers = [self._operand(i, j, v) for j, v in enumerate(n.inputs)]
+
+        def run(bufs: list[Any], scr: _Scratch) -> None:
+            check(n.inputs, n.attrs, [r(bufs, scr) for r in readers])
+        return run
+
+    def _ref_runner(self, i: int, st: Step) -> tuple[Callable[[list[Any], _Scratch], None],
+                                                      tuple[int, ...]]:
+        n: Any = st.node
+        slot = self.slot[id(n.value.storage)]
+        dtype, count = self.slot_meta[slot]
+        fresh = slot in self.fresh_slots
+        p = st.gemm
+        if (p is not None and n.dtype in (DType.f32, DType.f64) and p.out_perm is None
+                and not p.copies and all(n.attrs["labels"][:2])):
+            return self._gemm_runner(i, n, p, slot, fresh), (slot,)
+        if n.op == "embed_view":
+            embed = self._embed_runner(i, n, slot, fresh)
+            if embed is not None:
+                return embed, (slot,)
+        readers = [self._operand(i, j, v) for j, v in enumerate(n.inputs)]
+        op, attrs, out = n.op, n.attrs, n.dtype
+        in_dtypes = [v.dtype for v in n.inputs]
+        contract = op == "contract"
+
+        def buffer(bufs: list[Any], scr: _Scratch) -> np.ndarray:
+            buf = bufs[slot]
+            if buf is None:
+                if fresh:
+                    buf = POOL.take(dtype, count)
+                else:
+                    buf = scr.bufs[slot]
+                    if buf is None:
+                        buf = scr.bufs[slot] = np.empty(count, dtype=dtype)
+                bufs[slot] = buf
+            return buf
+
+        def run(bufs: list[Any], scr: _Scratch) -> None:
+            arrays = [r(bufs, scr) for r in readers]
+            target = buffer(bufs, scr) if contract else None
+            res = reference.run(op, attrs, arrays, in_dtypes, out, buf=target, decided=p)
+            if target is not None and np.shares_memory(res, target):
+                return
+            res = np.asarray(res)
+            if res.dtype == dtype and res.size == count and res.flags.c_contiguous:
+                # adopt the result: no copy into a planned buffer
+                bufs[slot] = res if res.ndim == 1 else res.reshape(-1)
+            else:
+                buffer(bufs, scr)[...] = np.ascontiguousarray(res, dtype=dtype).reshape(-1)
+        return run, ((slot,) if contract else ())
+
+    def _embed_runner(self, i: int, n: Node, slot: int, fresh: bool
+                      ) -> Callable[[list[Any], _Scratch], None] | None:
+        """The adjoint of a one-to-one view (a bias gradient: a broadcast summed away)
+        written straight into its buffer: the reference kernel's own sum, zeros and add,
+        with the target layout decided once. None for overlapping views."""
+        g, v = n.inputs[0].value, n.value
+        if (g.dtype is not v.dtype or v.dtype.block_size != 1 or v.offset
+                or not v.is_contiguous() or v.shape != tuple(n.attrs["in_shape"])):
+            return None
+        coeffs, base = n.attrs["coeffs"], n.attrs["base"]
+        bcast = tuple(k for k, row in enumerate(coeffs) if not any(row))
+        cstr = contiguous_strides(v.shape)
+        shape = tuple(1 if k in bcast else d for k, d in enumerate(g.shape))
+        strides = tuple(0 if k in bcast else sum(c * s for c, s in zip(row, cstr))
+                        for k, row in enumerate(coeffs))
+        if not reference.one_to_one(shape, strides):
+            return None
+        dtype, count = self.slot_meta[slot]
+        item = dtype.itemsize
+        off = sum(b * s for b, s in zip(base, cstr)) * item
+        bstrides = tuple(s * item for s in strides)
+        read = self._operand(i, 0, n.inputs[0])
+        kept = not fresh and slot >= self._n_in
+        key = (i, 1)
+
+        def run(bufs: list[Any], scr: _Scratch) -> None:
+            grad = read(bufs, scr)
+            if bcast:
+                grad = grad.sum(axis=bcast, keepdims=True)
+            if fresh:
+                buf = bufs[slot] = POOL.take(dtype, count)
+            else:
+                buf = bufs[slot]
+            buf.fill(0)
+            hit = scr.views.get(key) if kept else None
+            if hit is None or hit[0] is not buf:
+                hit = (buf, np.ndarray(shape, dtype=dtype, buffer=buf, offset=off,
+                                       strides=bstrides))
+                if kept:
+                    scr.views[key] = hit
+            target = hit[1]
+            target += grad
+        return run
+
+    def _gemm_runner(self, i: int, n: Node, p: Any, slot: int, fresh: bool
+                     ) -> Callable[[list[Any], _Scratch], None]:
+        """A planned f32/f64 GEMM: ``np.matmul`` straight into the result's buffer.
+
+        The matrix views are the ones :func:`gemm.contract` makes (the same shapes,
+        strides and data); their layout is recorded on the first run and rebuilt
+        from it (one ``np.ndarray`` call) when a buffer changes, or kept with the
+        scratch set when the buffer is the set's own.
+        """
+        la, lb, _ = (tuple(x) for x in n.attrs["labels"])
+        left, right = n.inputs
+        if p.swapped:
+            left, right, la, lb = right, left, lb, la
+        dtype, count = self.slot_meta[slot]
+        out_shape = p.batch_sizes + (p.msize, p.nsize)
+        sides = ((left, la, p.m, p.k, p.a, p.msize, p.ksize),
+                 (right, lb, p.k, p.n, p.b, p.ksize, p.nsize))
+        mats = [self._matrix(i, j, *side, p) for j, side in enumerate(sides)]
+        read_a, read_b = mats
+        kept_out = not fresh and slot >= self._n_in
+        key = (i, 2)
+
+        def run(bufs: list[Any], scr: _Scratch) -> None:
+            A = read_a(bufs, scr)
+            B = read_b(bufs, scr)
+            if fresh:
+                buf = bufs[slot] = POOL.take(dtype, count)
+                np.matmul(A, B, out=buf.reshape(out_shape))
+                return
+            buf = bufs[slot]
+            if kept_out:
+                hit = scr.views.get(key)
+                if hit is None or hit[0] is not buf:
+                    hit = scr.views[key] = (buf, buf.reshape(out_shape))
+                np.matmul(A, B, out=hit[1])
+            else:
+                np.matmul(A, B, out=buf.reshape(out_shape))
+        return run
+
+    def _matrix(self, i: int, j: int, v: Node, labels: tuple[int, ...], rows: tuple[int, ...],
+                cols: tuple[int, ...], side: Any, nrows: int, ncols: int, p: Any
+                ) -> Callable[[list[Any], _Scratch], np.ndarray]:
+        slot = self.slot[id(v.value.storage)]
+        raw = v.value
+        kept = slot >= self._n_in and slot not in self.fresh_slots
+        key = (i, j)
+        layout: list[Any] = []  # (shape, strides, byte offset into the buffer), once known
+
+        def make(buf: np.ndarray) -> np.ndarray:
+            if layout:
+                shape, strides, off = layout[0]
+                return np.ndarray(shape, dtype=buf.dtype, buffer=buf, offset=off,
+                                  strides=strides)
+            m = gemm.matrix_view(_view(buf, raw), labels, p.batch, rows, cols, side,
+                                 p.batch_sizes, nrows, ncols)
+            off = m.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
+            layout.append((m.shape, m.strides, off))
+            return m
+
+        if not kept:
+            def fresh_matrix(bufs: list[Any], scr: _Scratch) -> np.ndarray:
+                return make(bufs[slot])
+            return fresh_matrix
+
+        def kept_matrix(bufs: list[Any], scr: _Scratch) -> np.ndarray:
+            buf = bufs[slot]
+            hit = scr.views.get(key)
+            if hit is None or hit[0] is not buf:
+                hit = scr.views[key] = (buf, make(buf))
+            return hit[1]
+        return kept_matrix
 
     def run(self, args: list[RawTensor]) -> list[RawTensor]:
         """Execute on argument raw tensors; returns raw results.
@@ -315,7 +608,11 @@ class Program:
             size = a.storage.buf.size  # type: ignore[union-attr]  # arguments are concrete
             if a.offset + need > size:
                 raise InvalidDataLength(extent_message(a.offset + need - 1, size))
-        bufs: list[Any] = [None] * len(self.slot_meta)
+        try:
+            scratch = self._scratch_free.pop()
+        except IndexError:
+            scratch = self._new_scratch()
+        bufs = scratch.bufs.copy()
         for k, a in enumerate(args):
             buf: Any = a.storage.buf  # arguments and constants are concrete
             bufs[k] = buf[a.offset:] if a.offset else buf
@@ -324,84 +621,38 @@ class Program:
             buf = v.storage.buf
             bufs[slot] = buf[v.offset:] if v.offset else buf
         try:
-            scratch = self._scratch_free.pop()
-        except IndexError:
-            scratch = {}
-        try:
-            for st in self.steps:
-                if st.kind == "kernel":
-                    self._launch(st, bufs, scratch)
-                else:
-                    node: Any = st.node  # ref and check steps have a node
-                    if st.kind == "ref":
-                        self._ref(node, bufs, scratch, st.gemm)
-                    else:
-                        self._check(node, bufs)
-            for k, w in self.copies:  # in-place updates not written by their kernel
-                src = _view(bufs[self.slot[id(w.value.storage)]], w.value)
-                np.copyto(_view(bufs[k], self.inputs[k].value), src)
+            # inf and NaN are defined values: IEEE results, never numpy warnings
+            with np.errstate(all="ignore"):
+                for runner in self._runners:
+                    runner(bufs, scratch)
+            for src, sv, k, tv in self._copy_plan:  # in-place updates not written by a kernel
+                np.copyto(_view(bufs[k], tv), _view(bufs[src], sv))
         finally:
             if len(self._scratch_free) < _SCRATCH_SETS:
                 self._scratch_free.append(scratch)
         results = []
-        for o in self.outputs:
-            sid = id(o.value.storage)
-            slot = self.slot[sid]
+        n_args = len(args)
+        for slot, v in self._out_plan:
             buf = bufs[slot]
-            if slot < len(args):
-                storage = args[slot].storage
-                base = args[slot].offset
+            if slot < n_args:
+                a = args[slot]
+                results.append(RawTensor(a.storage.retain(), v.dtype, v.shape, v.strides,
+                                         v.offset + a.offset))
             else:
-                storage = storage_for(buf, True)
-                base = 0
-            v = o.value
-            results.append(RawTensor(storage.retain() if slot < len(args) else storage,
-                                     v.dtype, v.shape, v.strides, v.offset + base))
+                results.append(RawTensor(storage_for(buf, True), v.dtype, v.shape, v.strides,
+                                         v.offset))
         return results
 
-    def _buffer(self, bufs: list[Any], node: Node, scratch: dict[int, np.ndarray]
-                ) -> np.ndarray:
-        slot = self.slot[id(node.value.storage)]
-        buf = bufs[slot]
-        if buf is None:
-            dtype, count = self.slot_meta[slot]
-            if slot in self.fresh_slots:
-                buf = POOL.take(dtype, count)
-            else:
-                buf = scratch.get(slot)
-                if buf is None:
-                    buf = scratch[slot] = np.empty(count, dtype=dtype)
-            bufs[slot] = buf
-        return buf
 
-    def _launch(self, st: Step, bufs: list[Any], scratch: dict[int, np.ndarray]) -> None:
-        b: Any = st.built  # a kernel step: built and kernel are set
-        kernel: Any = st.kernel
-        outs = [self._buffer(bufs, n, scratch) for n in b.outputs]
-        kernel(*outs, *[bufs[k] for k in st.in_slots], *st.tail)
+class _Scratch:
+    """One set of intermediate buffers (slot -> buffer, None where a run binds its own)
+    and the operand views made over them, which stay valid while the buffers do."""
 
-    def _arrays(self, n: Node, bufs: list[Any]) -> list[np.ndarray]:
-        return [_view(bufs[self.slot[id(v.value.storage)]], v.value) for v in n.inputs]
+    __slots__ = ("bufs", "views")
 
-    def _check(self, n: Node, bufs: list[Any]) -> None:
-        VALUE_CHECKS[n.op](n.inputs, n.attrs, self._arrays(n, bufs))
-
-    def _ref(self, n: Node, bufs: list[Any], scratch: dict[int, np.ndarray],
-             decided: Any = None) -> None:
-        arrays = self._arrays(n, bufs)
-        target = self._buffer(bufs, n, scratch) if n.op == "contract" else None
-        res = reference.run(n.op, n.attrs, arrays, [v.dtype for v in n.inputs], n.dtype,
-                            buf=target, decided=decided)
-        if target is not None and np.shares_memory(res, target):
-            return
-        slot = self.slot[id(n.value.storage)]
-        dtype, count = self.slot_meta[slot]
-        res = np.asarray(res)
-        if res.dtype == dtype and res.size == count and res.flags.c_contiguous:
-            bufs[slot] = res.reshape(-1)  # adopt the result: no copy into a planned buffer
-        else:
-            self._buffer(bufs, n, scratch)[...] = np.ascontiguousarray(res, dtype=dtype
-                                                                        ).reshape(-1)
+    def __init__(self, bufs: list[Any]):
+        self.bufs = bufs
+        self.views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def gemm_plan(n: Node) -> Any:

@@ -17,6 +17,7 @@ they collapse into one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -49,6 +50,9 @@ class GemmPlan:
     a: Side
     b: Side
     out_perm: tuple[int, ...] | None  # canonical [batch, M, N] axes -> output order
+    # The operands trade places (the right one is read as the GEMM's left): the output's
+    # order is [batch, N, M], which C^T = B^T A^T writes directly, with no transpose copy.
+    swapped: bool = False
 
     @property
     def orientation(self) -> str:
@@ -67,8 +71,9 @@ class GemmPlan:
         """One line for ``fast.ir()``."""
         batch = "x".join(str(d) for d in self.batch_sizes) or "none"
         copied = ", ".join(self.copies) or "none"
+        swapped = " operands=swapped" if self.swapped else ""
         return (f"gemm {self.orientation} M={self.msize} N={self.nsize} K={self.ksize} "
-                f"batch={batch} copied={copied}")
+                f"batch={batch} copied={copied}{swapped}")
 
 
 def _group(shape: tuple[int, ...], strides: tuple[int, ...], labels: tuple[int, ...],
@@ -118,11 +123,17 @@ def plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], la: tuple[int, ..
     """Decide the GEMM for operands with these shapes/strides (in elements) and labels.
 
     Plans are pure functions of their arguments, so they are cached per signature.
+    An output ordered [batch, N, M] swaps the operands (``swapped``): the GEMM then
+    writes the output in its own order instead of a transposed result being copied.
     """
     key = (a_shape, a_strides, la, b_shape, b_strides, lb, lo)
     p = PLANS.get(key)
     if p is None:
         p = _plan(*key)
+        if p.out_perm is not None:
+            q = _plan(b_shape, b_strides, lb, a_shape, a_strides, la, lo)
+            if q.out_perm is None and len(q.copies) <= len(p.copies):
+                p = dataclasses.replace(q, swapped=True)
         PLANS.put(key, p)
     return p
 
@@ -164,7 +175,7 @@ def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], la: tuple[int, .
                     None if perm == tuple(range(len(perm))) else perm)
 
 
-def _matrix_view(x: np.ndarray, labels: tuple[int, ...], batch: tuple[int, ...],
+def matrix_view(x: np.ndarray, labels: tuple[int, ...], batch: tuple[int, ...],
                  rows: tuple[int, ...], cols: tuple[int, ...], side: Side,
                  bsizes: tuple[int, ...], nrows: int, ncols: int) -> np.ndarray:
     shape = bsizes + (nrows, ncols)
@@ -207,8 +218,10 @@ def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, .
     item = a.itemsize
     p = decided or plan(a.shape, tuple(s // item for s in a.strides), la,
                         b.shape, tuple(s // b.itemsize for s in b.strides), lb, lo)
-    A = _matrix_view(a, la, p.batch, p.m, p.k, p.a, p.batch_sizes, p.msize, p.ksize)
-    B = _matrix_view(b, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
+    if p.swapped:
+        a, b, la, lb = b, a, lb, la
+    A = matrix_view(a, la, p.batch, p.m, p.k, p.a, p.batch_sizes, p.msize, p.ksize)
+    B = matrix_view(b, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
     sizes = dict(zip(la, a.shape)) | dict(zip(lb, b.shape))
     canon = p.batch + p.m + p.n
     if out is not None and p.out_perm is None and out.dtype == acc:

@@ -290,7 +290,7 @@ def embed_view(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.n
     strides = tuple(0 if k in bcast else sum(c * s for c, s in zip(row, cstr))
                     for k, row in enumerate(coeffs))
     off = sum(b * s for b, s in zip(base, cstr))
-    if _one_to_one(shape, strides):
+    if one_to_one(shape, strides):
         target = np.ndarray(shape, dtype=res.dtype, buffer=res, offset=off * item,
                             strides=tuple(s * item for s in strides))
         target += g
@@ -307,7 +307,7 @@ def embed_view(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.n
     return summed.astype(res.dtype).reshape(res.shape)
 
 
-def _one_to_one(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+def one_to_one(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Whether distinct positions of a strided layout address distinct elements.
 
     Sufficient test: sorted by stride, each axis steps past everything the

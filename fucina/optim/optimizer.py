@@ -64,6 +64,9 @@ class Optimizer(abc.ABC):
         # scalars tensor compiled steps read.
         self._slots: dict[Any, dict[str, Any]] = {}
         self._hyper: dict[Any, Any] = {}
+        # Per parameter: (its scalars tensor's node, a writable numpy view of it), so a
+        # compiled step's prologue writes the scalars without re-deriving the view.
+        self._hyper_view: dict[Any, tuple[Any, np.ndarray]] = {}
         if _is_tensor(params) or isinstance(params, (Mapping, str, bytes)):
             raise TypeError("params must be an iterable of variables or of param groups "
                             f"(dicts), got {type(params).__name__}")
@@ -221,11 +224,16 @@ class Optimizer(abc.ABC):
 
     def _prologue(self, updated: list[tuple[int, Any]]) -> None:
         """Before each run of a compiled step: count the step, fill the scalars tensors."""
+        groups = self.param_groups
+        views = self._hyper_view
         for gi, p in updated:
-            group = self.param_groups[gi]
-            slots = self._slots_of(p, group)
-            values = self._begin(group, p, slots)
-            self._hyper[p].data()[...] = np.asarray(values, dtype=np.float32)
+            group = groups[gi]
+            values = self._begin(group, p, self._slots_of(p, group))
+            hyper = self._hyper[p]
+            hit = views.get(p)
+            if hit is None or hit[0] is not hyper._node_:
+                hit = views[p] = (hyper._node_, hyper.data())
+            hit[1][:] = values  # rounded to f32 as np.asarray(values, np.float32) rounds
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every parameter's gradient (``set_to_none=False``: zero it in place)."""
