@@ -43,8 +43,11 @@ _CTOR = {
 
 # fastmath without nnan/ninf: the NaN and inf semantics of the ops must survive. No arcp
 # either: it turns a loop-invariant ``x / d`` into ``x * (1 / d)``, which is inf for a
-# tiny d (1e-40) where the quotient itself is finite.
-FASTMATH = '{"nsz", "contract", "afn", "reassoc"}'
+# tiny d (1e-40) where the quotient itself is finite. No reassoc on the kernel body: a
+# value recomputed in two loops (or two kernels) must round the same both times, or a
+# max/min gradient's ``x == max`` mask matches nothing; only the reduction accumulators
+# reassociate (``sf.add_reassoc``/``sf.mul_reassoc``), which is what vectorizes them.
+FASTMATH = '{"nsz", "contract", "afn"}'
 
 
 @dataclass(frozen=True)
@@ -125,9 +128,9 @@ def _reduce_init(fn: str, dtype: str) -> str:
 
 def _reduce_update(fn: str, acc: str, val: str) -> str:
     if fn in ("sum", "mean"):
-        return f"{acc} += {val}"
+        return f"{acc} = sf.add_reassoc({acc}, {val})"
     if fn == "prod":
-        return f"{acc} *= {val}"
+        return f"{acc} = sf.mul_reassoc({acc}, {val})"
     if fn == "max":
         return f"{acc} = sf.maximum_nan({acc}, {val})"
     return f"{acc} = sf.minimum_nan({acc}, {val})"

@@ -85,6 +85,19 @@ _FT_SAT = 8.561566231624852
 # -- binary helpers (BINARY / SCALAR templates) -------------------------------
 
 
+@njit(fastmath={"contract", "nsz", "reassoc"}, error_model="numpy", cache=True)
+def add_reassoc(a, b):
+    """A reduction accumulator's ``a + b``, the one reassociable add in a generated kernel:
+    the flag on this add alone lets LLVM vectorize the sum loop once it inlines it."""
+    return a + b
+
+
+@njit(fastmath={"contract", "nsz", "reassoc"}, error_model="numpy", cache=True)
+def mul_reassoc(a, b):
+    """A product reduction's accumulator step (see :func:`add_reassoc`)."""
+    return a * b
+
+
 @njit(**_INLINE)
 def maximum_nan(a, b):
     """torch.maximum: NaN in either operand wins; otherwise the larger (a on ties)."""

@@ -88,8 +88,16 @@ class Detach(Tensor):
         return new(type(self), leaf(view, self.axis_tags, False), self._ctx, op_result=False)
 
     def zero_grad(self) -> None:
-        """Drop the accumulated gradient."""
+        """Drop the accumulated gradient (under ``compile``: part of the program, so
+        every call drops it, as eager does)."""
         node = self._node
+        tracer = current_tracer()
+        # (a value computed while tracing holds no gradient yet: nothing to record)
+        if tracer is not None and not node.value.is_symbolic:
+            if not hasattr(tracer, "zero_grad"):
+                raise TypeError("zero_grad() cannot be traced here")
+            tracer.zero_grad(node)
+            return
         node.grad = None
 
 
