@@ -86,7 +86,8 @@ def torch_logits(path: Path, ids: list[int], dtype: torch.dtype = torch.float64)
         a = (p @ v).transpose(0, 1).reshape(n, d)
         x = x + a @ w[b + "attn_output.weight"].T
         h = rms(x, w[b + "ffn_norm.weight"])
-        f = torch.nn.functional.silu(h @ w[b + "ffn_gate.weight"].T) * (h @ w[b + "ffn_up.weight"].T)
+        gate, up = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+        f = torch.nn.functional.silu(gate) * up
         x = x + f @ w[b + "ffn_down.weight"].T
     head = w.get("output.weight", w["token_embd.weight"])
     return (rms(x, w["output_norm.weight"]) @ head.T).numpy()
