@@ -35,19 +35,23 @@ def test_hyperparameters_from_metadata(model: llama.LlamaModel) -> None:
     assert model.rope_base == CONFIG["rope_base"] and not model.tied
     assert model.eos_id == 2
     # weights stay in their blocks
-    assert model.blocks[0]["q"].dtype is fucina.DType.q4_1
-    assert model.blocks[0]["k"].dtype is fucina.DType.q8_0
-    assert model.output.dtype is fucina.DType.q8_0
+    # q, k, v alternate formats here: three row groups; the head is one q8_0 group
+    assert [(w.dtype, n) for w, n in model.blocks[0]["qkv"]] == [
+        (fucina.DType.q4_1, 64), (fucina.DType.q8_0, 32), (fucina.DType.q4_1, 32)]
+    assert [(w.dtype, n) for w, n in model.output] == [(fucina.DType.q8_0, len(vocab()))]
 
 
 def test_tied_head_uses_the_token_embedding(tmp_path: Path) -> None:
     p = tmp_path / "tied.gguf"
-    w = write_model(p, tied=True)
+    w = write_model(p, tied=True, formats=("q8_0", "q8_0"))
     m = llama.load(p)
+    # one format: q, k and v share one row-stacked weight, gate and up another
+    assert [n for _, n in m.blocks[1]["qkv"]] == [128]
+    assert [n for _, n in m.blocks[1]["gate_up"]] == [2 * CONFIG["ff"]]
     assert m.tied and "output.weight" not in w
     ids = m.tokenizer.encode("the cat sat on")
     # the head is the q8_0 token embedding: the last hidden state dotted with its rows
-    assert m.output.dtype is fucina.DType.q8_0
+    assert m.output[0][0].dtype is fucina.DType.q8_0
     assert np.shape(m.logits(ids)) == (len(ids), len(vocab()))
 
 

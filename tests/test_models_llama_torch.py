@@ -93,10 +93,12 @@ def torch_logits(path: Path, ids: list[int], dtype: torch.dtype = torch.float64)
     return (rms(x, w["output_norm.weight"]) @ head.T).numpy()
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_synthetic_logits_match_torch(tmp_path: Path, tied: bool) -> None:
+@pytest.mark.parametrize(("tied", "formats"), [(False, ("q4_1", "q8_0")),
+                                               (True, ("q4_1", "q4_1"))])
+def test_synthetic_logits_match_torch(tmp_path: Path, tied: bool,
+                                      formats: tuple[str, str]) -> None:
     p = tmp_path / "m.gguf"
-    write_model(p, seed=3, tied=tied)
+    write_model(p, seed=3, tied=tied, formats=formats)
     m = llama.load(p)
     ids = m.tokenizer.encode("the cat sat on the mat, 12 hey")
     got = m.logits(ids)

@@ -40,8 +40,8 @@ import fucina
 import fucina.gguf as gg
 from fucina.errors import IndexOutOfBounds, ModelFileError, TensorNotFound
 
-__all__ = ["MIN_CACHE", "PREFILL_BUCKET", "LlamaModel", "LlamaTokenizer", "default_model_path",
-           "load"]
+__all__ = ["MIN_CACHE", "PREFILL_BUCKET", "LlamaModel", "LlamaTokenizer", "cache_capacity",
+           "default_model_path", "load", "rope_factors"]
 
 PREFILL_BUCKET = 16  # prefill rows are padded to a multiple of this (fewer programs)
 MIN_CACHE = 64  # smallest KV-cache capacity bucket; larger ones double
@@ -260,28 +260,55 @@ class LlamaModel:
 
     def _cfg(self) -> dict[str, Any]:
         return {"heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
-                "eps": self.eps, "rope_base": self.rope_base}
+                "eps": self.eps, "ff": self.ff}
 
     # -- weights -------------------------------------------------------------------------
 
-    def _w(self, name: str, tags: Sequence[str], shape: tuple[int, ...],
-           vector: bool = False) -> Any:
+    def _info(self, name: str, shape: tuple[int, ...]) -> Any:
         info = self._file.tensors.get(name)
         if info is None:
             raise TensorNotFound(f"{self._file.path}: no tensor named {name!r}")
         if info.shape != shape:
             raise ModelFileError(f"{self._file.path}: tensor {name!r} has shape "
                                  f"{list(info.shape)}, expected {list(shape)}")
-        if vector:  # norm weights: small, read as f32
-            if info.dtype not in (fucina.DType.f32, fucina.DType.f16):
-                raise ModelFileError(f"{self._file.path}: tensor {name!r} is {info.dtype}, "
-                                     "expected f32 or f16")
-            arr = np.asarray(self._file.array(name), dtype=np.float32)
-            return fucina.Tensor(*tags).from_numpy(self.ctx, arr)
-        if info.dtype is fucina.DType.f16 or info.dtype is fucina.DType.bf16:
-            arr = gg.decode_f32(info.dtype, self._file.array(name))
-            return fucina.Tensor(*tags).from_numpy(self.ctx, arr.reshape(shape))
-        return self._file.tensor(self.ctx, name, tags)
+        return info
+
+    def _vector(self, name: str, n: int) -> Any:
+        """A norm weight as an f32 ("embd",) tensor."""
+        info = self._info(name, (n,))
+        if info.dtype not in (fucina.DType.f32, fucina.DType.f16):
+            raise ModelFileError(f"{self._file.path}: tensor {name!r} is {info.dtype}, "
+                                 "expected f32 or f16")
+        arr = np.asarray(self._file.array(name), dtype=np.float32)
+        return fucina.Tensor("embd").from_numpy(self.ctx, arr)
+
+    def _matrix(self, names: Sequence[str], rows: Sequence[int], cols: int,
+                tags: tuple[str, str]) -> list[tuple[Any, int]]:
+        """Weights ``names`` ([rows_i, cols] each) stacked by rows into as few tensors as
+        their dtypes allow: one projection then computes several outputs (q, k and v; gate
+        and up) in one pass over the activation. Returns (tensor, rows) groups in order.
+        Block formats stay blocks; f16/bf16 are widened to f32 once."""
+        infos = [self._info(n, (r, cols)) for n, r in zip(names, rows)]
+        if len(names) == 1 and infos[0].dtype.is_block:  # zero-copy over the mapping
+            return [(self._file.tensor(self.ctx, names[0], tags), rows[0])]
+        groups: list[tuple[Any, int]] = []
+        i = 0
+        while i < len(names):
+            j = i + 1
+            while j < len(names) and infos[j].dtype is infos[i].dtype:
+                j += 1
+            dt = infos[i].dtype
+            n_rows = sum(rows[i:j])
+            parts = [self._file.array(n) for n in names[i:j]]
+            if dt.is_block:
+                blocks = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+                t = fucina.Tensor(*tags, dtype=dt).from_blocks(self.ctx, (n_rows, cols), blocks)
+            else:
+                arr = np.concatenate([gg.decode_f32(dt, a).reshape(-1, cols) for a in parts])
+                t = fucina.Tensor(*tags).from_numpy(self.ctx, arr)
+            groups.append((t, n_rows))
+            i = j
+        return groups
 
     def _load_weights(self) -> None:
         h, ff = self.hidden, self.ff
@@ -295,21 +322,20 @@ class LlamaModel:
         self._embd = self._file.array("token_embd.weight")
         head = "output.weight" if "output.weight" in self._file.tensors else "token_embd.weight"
         self.tied = head == "token_embd.weight"
-        self.output = self._w(head, ("vocab", "embd"), (self.vocab, h))
-        self.output_norm = self._w("output_norm.weight", ("embd",), (h,), vector=True)
+        self.output = self._matrix([head], [self.vocab], h, ("vocab", "embd"))
+        self.output_norm = self._vector("output_norm.weight", h)
         self.blocks: list[dict[str, Any]] = []
         for i in range(self.layers):
             b = f"blk.{i}."
             self.blocks.append({
-                "attn_norm": self._w(b + "attn_norm.weight", ("embd",), (h,), vector=True),
-                "q": self._w(b + "attn_q.weight", ("qd", "embd"), (h, h)),
-                "k": self._w(b + "attn_k.weight", ("kd", "embd"), (kd, h)),
-                "v": self._w(b + "attn_v.weight", ("kd", "embd"), (kd, h)),
-                "o": self._w(b + "attn_output.weight", ("embd", "qd"), (h, h)),
-                "ffn_norm": self._w(b + "ffn_norm.weight", ("embd",), (h,), vector=True),
-                "gate": self._w(b + "ffn_gate.weight", ("ff", "embd"), (ff, h)),
-                "up": self._w(b + "ffn_up.weight", ("ff", "embd"), (ff, h)),
-                "down": self._w(b + "ffn_down.weight", ("embd", "ff"), (h, ff)),
+                "attn_norm": self._vector(b + "attn_norm.weight", h),
+                "qkv": self._matrix([b + "attn_q.weight", b + "attn_k.weight",
+                                     b + "attn_v.weight"], [h, kd, kd], h, ("qkv", "embd")),
+                "o": self._matrix([b + "attn_output.weight"], [h], h, ("embd", "qd")),
+                "ffn_norm": self._vector(b + "ffn_norm.weight", h),
+                "gate_up": self._matrix([b + "ffn_gate.weight", b + "ffn_up.weight"],
+                                        [ff, ff], h, ("gu", "embd")),
+                "down": self._matrix([b + "ffn_down.weight"], [h], ff, ("embd", "ff")),
             })
 
     def weights(self) -> dict[str, Any]:
@@ -331,11 +357,12 @@ class LlamaModel:
         x = np.zeros((padded, self.hidden), np.float32)
         x[:n] = self.embed(ids)
         x_t = fucina.Tensor("seq", "embd").from_numpy(self.ctx, x)
-        pos_t = fucina.Tensor("seq", dtype="i64").from_numpy(self.ctx,
-                                                             np.arange(padded, dtype=np.int64))
+        R = fucina.Tensor("seq", "pair", "two")
+        rot = [R.from_numpy(self.ctx, f) for f in
+               rope_factors(np.arange(padded), self.head_dim, self.rope_base)]
         rows_t = fucina.Tensor("row", dtype="i64").from_numpy(self.ctx, rows.astype(np.int64))
-        logits, k, v = self._prefill(x_t, pos_t, rows_t)
-        return (np.asarray(logits.permute_to("row", "vocab").numpy(), np.float32),
+        logits, k, v = self._prefill(x_t, rot[0], rot[1], rows_t)
+        return (np.asarray(logits.permute_to("seq", "vocab").numpy(), np.float32),
                 np.asarray(k.numpy())[:, :n], np.asarray(v.numpy())[:, :n])
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -391,15 +418,17 @@ class LlamaModel:
         vc_t = C.from_borrowed_const_slice(self.ctx, shape, vc)
         bias_t = fucina.Tensor("seq", "key").from_borrowed_const_slice(self.ctx, bias.shape,
                                                                        bias)
-        pos = np.zeros(1, np.int64)
-        pos_t = fucina.Tensor("seq", dtype="i64").from_borrowed_const_slice(self.ctx, (1,), pos)
+        R = fucina.Tensor("seq", "pair", "two")
+        rot = (np.zeros((1, self.head_dim // 2, 2), np.float32),
+               np.zeros((1, self.head_dim // 2, 2), np.float32))
+        rot_t = [R.from_borrowed_const_slice(self.ctx, r.shape, r) for r in rot]
         x = np.zeros((1, self.hidden), np.float32)
         x_t = fucina.Tensor("seq", "embd").from_borrowed_const_slice(self.ctx, x.shape, x)
         for i in range(1, n_new):
             p = n + i - 1  # the position of ``tok``, the token fed now
             x[:] = self.embed([tok])
-            pos[0] = p
-            lg, kn, vn = self._step(x_t, pos_t, kc_t, vc_t, bias_t)
+            rope_factors(np.array([p]), self.head_dim, self.rope_base, out=rot)
+            lg, kn, vn = self._step(x_t, rot_t[0], rot_t[1], kc_t, vc_t, bias_t)
             kc[:, p] = np.asarray(kn.numpy())[:, 0]
             vc[:, p] = np.asarray(vn.numpy())[:, 0]
             bias[0, p] = 0.0
@@ -460,26 +489,46 @@ class _Sampler:
 # -- traced programs -------------------------------------------------------------------------
 
 
-def _block_qkv(x: Any, blk: dict[str, Any], pos: Any, cfg: dict[str, Any]) -> tuple[Any, Any,
-                                                                                      Any]:
+def _project(x: Any, groups: list[tuple[Any, int]], contract: str, tag: str) -> Any:
+    """``x`` times the row-stacked weight groups, one output axis ``tag`` (concatenated when
+    the weights could not share one tensor)."""
+    outs = [x.dot(w, contract).with_tags("seq", tag) for w, _ in groups]
+    return outs[0] if len(outs) == 1 else outs[0].concat(tag, outs[1:])
+
+
+def _rope(x: Any, rot: tuple[Any, Any], cfg: dict[str, Any]) -> Any:
+    """llama.cpp's "normal" RoPE on (seq, heads, d): adjacent pairs ``(a, b)`` become
+    ``(a cos - b sin, a sin + b cos)``; ``rot`` holds the per-(position, pair) factors
+    ``(cos, sin)`` and ``(-sin, cos)`` tagged (seq, pair, two). One fused kernel."""
+    D = cfg["head_dim"]
+    xs = x.split("d", ("pair", "two"), (D // 2, 2))
+    y = xs.select("two", 0).mul(rot[0]).add(xs.select("two", 1).mul(rot[1]))
+    return y.merge("d", ("pair", "two"))
+
+
+def _block_qkv(x: Any, blk: dict[str, Any], rot: tuple[Any, Any],
+               cfg: dict[str, Any]) -> tuple[Any, Any, Any]:
     """Attention inputs of one block: q (seq, head, d), k and v (seq, kv_head, d)."""
     H, KH, D = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
-    theta = fucina.RopeTheta(positions=pos, theta_base=cfg["rope_base"])
     h = x.rms_norm_mul("embd", blk["attn_norm"], cfg["eps"])
-    q = h.dot(blk["q"], "embd").split("qd", ("head", "d"), (H, D)).rope(
-        "seq", "d", theta, "interleaved")
-    k = h.dot(blk["k"], "embd").split("kd", ("kv_head", "d"), (KH, D)).rope(
-        "seq", "d", theta, "interleaved")
-    v = h.dot(blk["v"], "embd").split("kd", ("kv_head", "d"), (KH, D))
+    y = _project(h, blk["qkv"], "embd", "qkv")
+    # q and k rotate together: one kernel over their H + KH heads
+    qk = _rope(y.narrow("qkv", 0, (H + KH) * D).split("qkv", ("hh", "d"), (H + KH, D)), rot,
+               cfg)
+    q = qk.narrow("hh", 0, H).with_tags("seq", "head", "d")
+    k = qk.narrow("hh", H, KH).with_tags("seq", "kv_head", "d")
+    v = y.narrow("qkv", (H + KH) * D, KH * D).split("qkv", ("kv_head", "d"), (KH, D))
     return q, k, v
 
 
 def _block_out(x: Any, a: Any, blk: dict[str, Any], cfg: dict[str, Any]) -> Any:
     """Attention output projection, residual, SwiGLU MLP, residual."""
-    x = a.dot(blk["o"], "qd").add(x)
+    x = _project(a, blk["o"], "qd", "embd").add(x)
     h = x.rms_norm_mul("embd", blk["ffn_norm"], cfg["eps"])
-    f = h.dot(blk["up"], "embd").swiglu(h.dot(blk["gate"], "embd"))
-    return f.dot(blk["down"], "ff").add(x)
+    ff = cfg["ff"]
+    gu = _project(h, blk["gate_up"], "embd", "gu")
+    f = gu.narrow("gu", ff, ff).swiglu(gu.narrow("gu", 0, ff)).with_tags("seq", "ff")
+    return _project(f, blk["down"], "ff", "embd").add(x)
 
 
 def _kv_map(cfg: dict[str, Any]) -> list[int]:
@@ -488,40 +537,42 @@ def _kv_map(cfg: dict[str, Any]) -> list[int]:
 
 
 def _head(x: Any, w: dict[str, Any], cfg: dict[str, Any]) -> Any:
-    return x.rms_norm_mul("embd", w["output_norm"], cfg["eps"]).dot(w["output"], "embd")
+    h = x.rms_norm_mul("embd", w["output_norm"], cfg["eps"])
+    return _project(h, w["output"], "embd", "vocab")
 
 
 def _prefill(w: dict[str, Any], cfg: dict[str, Any]) -> Any:
-    """(x f32 (seq, embd), positions i64 (seq,), rows i64 (row,)) -> (logits (row, vocab),
-    keys and values (layer, seq, kv_head, d)): a causal pass over the whole prompt."""
+    """(x f32 (seq, embd), rope factors (seq, pair, two) x2, rows i64 (row,)) -> (logits
+    (row, vocab), keys and values (layer, seq, kv_head, d)): a causal pass over the whole
+    prompt."""
     kv_map = _kv_map(cfg)
     scale = 1.0 / math.sqrt(cfg["head_dim"])
 
-    def forward(x: Any, pos: Any, rows: Any) -> Any:
+    def forward(x: Any, rot_a: Any, rot_b: Any, rows: Any) -> Any:
         ks, vs = [], []
         for blk in w["blocks"]:
-            q, k, v = _block_qkv(x, blk, pos, cfg)
+            q, k, v = _block_qkv(x, blk, (rot_a, rot_b), cfg)
             a = q.grouped_attention(k, v, kv_map, "qd", scale)
             x = _block_out(x, a, blk, cfg)
             ks.append(k)
             vs.append(v)
-        logits = _head(x.gather("seq", rows, "row"), w, cfg)
+        logits = _head(x.gather("seq", rows, "row").with_tags("seq", "embd"), w, cfg)
         return logits, ks[0].stack("layer", 0, ks[1:]), vs[0].stack("layer", 0, vs[1:])
 
     return forward
 
 
 def _decode_step(w: dict[str, Any], cfg: dict[str, Any]) -> Any:
-    """(x f32 (seq=1, embd), position i64 (seq,), key and value caches (layer, seq=cap,
-    kv_head, d), mask f32 (seq=1, key=cap+1)) -> (logits (seq, vocab), the token's key and
-    value (layer, seq=1, kv_head, d))."""
+    """(x f32 (seq=1, embd), rope factors (seq, pair, two) x2, key and value caches (layer,
+    seq=cap, kv_head, d), mask f32 (seq=1, key=cap+1)) -> (logits (seq, vocab), the token's
+    key and value (layer, seq=1, kv_head, d))."""
     kv_map = _kv_map(cfg)
     scale = 1.0 / math.sqrt(cfg["head_dim"])
 
-    def step(x: Any, pos: Any, kc: Any, vc: Any, mask: Any) -> Any:
+    def step(x: Any, rot_a: Any, rot_b: Any, kc: Any, vc: Any, mask: Any) -> Any:
         ks, vs = [], []
         for i, blk in enumerate(w["blocks"]):
-            q, k, v = _block_qkv(x, blk, pos, cfg)
+            q, k, v = _block_qkv(x, blk, (rot_a, rot_b), cfg)
             keys = kc.select("layer", i).concat("seq", [k])
             vals = vc.select("layer", i).concat("seq", [v])
             a = q.grouped_attention(keys, vals, kv_map, "qd", scale, mask="bidirectional",
@@ -532,6 +583,23 @@ def _decode_step(w: dict[str, Any], cfg: dict[str, Any]) -> Any:
         return _head(x, w, cfg), ks[0].stack("layer", 0, ks[1:]), vs[0].stack("layer", 0, vs[1:])
 
     return step
+
+
+def rope_factors(positions: np.ndarray, head_dim: int, base: float,
+                 out: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The rotation factors ``(cos, sin)`` and ``(-sin, cos)`` as f32 [n, head_dim/2, 2] for
+    ``positions``: pair ``i`` at position ``p`` turns by ``f32(p) * f32(base**(-2i/d))``
+    (an f32 angle, as llama.cpp and the Hugging Face rotary embedding compute it)."""
+    inv = (1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(
+        np.float32)
+    ang = (np.asarray(positions, dtype=np.float32)[:, None] * inv[None]).astype(np.float64)
+    c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    a, b = out if out is not None else (np.empty(c.shape + (2,), np.float32),
+                                        np.empty(c.shape + (2,), np.float32))
+    a[..., 0], a[..., 1] = c, s
+    b[..., 0], b[..., 1] = -s, c
+    return a, b
 
 
 def load(gguf_path: str | os.PathLike[str] | None = None) -> LlamaModel:
