@@ -114,6 +114,9 @@ class Program:
     def __init__(self, inputs: list[Node], outputs: list[Node],
                  writes: list[tuple[int, Node]] | tuple[()] = ()):
         self.inputs = inputs
+        # per node value: (storage shape, offset, strides) in elements, filled on first
+        # use; a decode step builds hundreds of views per run, each from fixed metadata
+        self._vmeta: dict[int, tuple[tuple[int, ...], int, tuple[int, ...]]] = {}
         roots = list(outputs) + [v for _, v in writes]
         order = topo_order(roots)
         order, roots = _cse(order, roots)
@@ -381,7 +384,17 @@ class Program:
         kernel(*outs, *[bufs[k] for k in st.in_slots], *st.tail)
 
     def _arrays(self, n: Node, bufs: list[Any]) -> list[np.ndarray]:
-        return [_view(bufs[self.slot[id(v.value.storage)]], v.value) for v in n.inputs]
+        out = []
+        for v in n.inputs:
+            raw = v.value
+            meta = self._vmeta.get(id(raw))
+            if meta is None:
+                meta = self._vmeta[id(raw)] = (raw.storage_shape(), raw.offset, raw.strides)
+            buf = bufs[self.slot[id(raw.storage)]]
+            item = buf.itemsize
+            out.append(np.ndarray(meta[0], dtype=buf.dtype, buffer=buf, offset=meta[1] * item,
+                                  strides=tuple(s * item for s in meta[2])))
+        return out
 
     def _check(self, n: Node, bufs: list[Any]) -> None:
         VALUE_CHECKS[n.op](n.inputs, n.attrs, self._arrays(n, bufs))
