@@ -61,6 +61,7 @@ class TorchLlama:
         ang = torch.arange(min(ctx, 4096), dtype=torch.float32)[:, None] * inv[None]
         self.cos = torch.cat([ang.cos()] * 2, -1)
         self.sin = torch.cat([ang.sin()] * 2, -1)
+        self.last_decode_s = 0.0  # the last generate's time after its first token
 
     def _forward(self, ids: Any, start: int, kc: Any, vc: Any) -> Any:
         """Logits of the last position; fills the caches at [start, start + len(ids))."""
@@ -107,10 +108,14 @@ class TorchLlama:
         with torch.inference_mode():
             logits = self._forward(torch.tensor(ids), 0, kc, vc)
             pos = len(ids)
+            t = time.perf_counter()
             while True:
                 tok = int(logits.argmax())
                 out.append(tok)
+                if len(out) == 1:
+                    t = time.perf_counter()
                 if tok == self.eos or len(out) == max_new_tokens:
+                    self.last_decode_s = time.perf_counter() - t
                     return out
                 logits = self._forward(torch.tensor([tok]), pos, kc, vc)
                 pos += 1
@@ -132,6 +137,16 @@ def _best(fn: Any, repeats: int) -> float:
     return best
 
 
+def _decode_time(model: Any, ids: list[int], n: int) -> float:
+    """Seconds from the first new token to the last (the decode steps, no prefill)."""
+    it = model.stream(ids, n)
+    next(it)
+    t = time.perf_counter()
+    for _ in it:
+        pass
+    return time.perf_counter() - t
+
+
 def decode_case(case_type: Any, repeats: int = 3, path: Path | None = None,
                 new_tokens: int = NEW_TOKENS) -> Any:
     """The SmolLM2 decode row: seconds for prefill + 64 greedy tokens (batch 1). EOS does
@@ -150,6 +165,8 @@ def decode_case(case_type: Any, repeats: int = 3, path: Path | None = None,
     c.notes["first_call_s"] = time.perf_counter() - t
     c.compiled = _best(lambda: model.generate(ids, new_tokens), repeats)
     c.notes["fucina_tok_per_s"] = len(fast) / c.compiled
+    c.notes["fucina_decode_only_tok_per_s"] = (len(fast) - 1) / _decode_time(model, ids,
+                                                                             new_tokens)
     c.notes["text"] = model.tokenizer.decode(fast[:12])
     try:
         import torch  # noqa: F401
@@ -161,6 +178,8 @@ def decode_case(case_type: Any, repeats: int = 3, path: Path | None = None,
     slow = tl.generate(ids, new_tokens)
     c.torch = _best(lambda: tl.generate(ids, new_tokens), repeats)
     c.notes["torch_tok_per_s"] = len(slow) / c.torch
+    tl.generate(ids, new_tokens)
+    c.notes["torch_decode_only_tok_per_s"] = (len(slow) - 1) / tl.last_decode_s
     agree = 0
     for a, b in zip(fast, slow):
         if a != b:
