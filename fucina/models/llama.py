@@ -373,8 +373,11 @@ class LlamaModel:
         if len(checked) > self.context:
             raise ValueError(f"ids has {len(checked)} tokens, the context length is "
                              f"{self.context}")
-        out, _, _ = self._run_prefill(checked, np.arange(len(checked)))
-        return out
+        # every padded row: the program then depends on the row bucket only
+        n = len(checked)
+        out, _, _ = self._run_prefill(checked, np.arange(-(-n // PREFILL_BUCKET)
+                                                         * PREFILL_BUCKET))
+        return out[:n]
 
     def generate(self, ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> list[int]:
