@@ -792,8 +792,10 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False)
         cases.append(_cold_warm_case())
     if models:
         from .bench_bert import minilm_case
+        from .bench_llama import llama_cases
 
         cases.append(minilm_case(Case))
+        cases += llama_cases(Case)
     return cases
 
 
@@ -1004,7 +1006,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes and shorter timing")
     p.add_argument("--no-cold-warm", action="store_true", help="skip the new-process case")
     p.add_argument("--no-models", action="store_true",
-                   help="skip the real-model rows (MiniLM; --quick skips them too)")
+                   help="skip the real-model rows (MiniLM, SmolLM2; --quick skips them too)")
     p.add_argument("--models-only", action="store_true", help="run only the real-model rows")
     p.add_argument("--out", type=Path, default=None,
                    help="where to save the run's JSON (default bench-results/<timestamp>.json)")
@@ -1031,8 +1033,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.models_only:
             from .bench_bert import minilm_case
+            from .bench_llama import llama_cases
 
-            cases = [minilm_case(Case)]
+            cases = [minilm_case(Case), *llama_cases(Case)]
         else:
             cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
                               models=not (args.no_models or args.quick))

@@ -306,3 +306,19 @@ def test_int8_activation_quantizer() -> None:
     assert dx[0, 0] == np.float32(1) / np.float32(127) and dx[0, 1] == 0
     assert xq[0] == -127 and xq[31] == 127 and (xq[32:] == 0).all()
     np.testing.assert_array_equal(xsum, [[int(xq[:32].astype(int).sum()), 0]])
+
+
+def test_int8_activation_quantizer_matches_the_numpy_formula() -> None:
+    """The Numba quantizer gives exactly the per-32 absmax codes of the numpy formula."""
+    F = np.float32
+    x = (RNG.standard_normal((3, 576)) * 7).astype(F)
+    x[0, :32] = 0  # an all-zero block: scale 0, codes 0
+    x[1, 32:64] = 0.5  # one value per block: codes +-127 exactly
+    blocks = x.reshape(3, 18, 32)
+    dx = np.abs(blocks).max(axis=2) / F(127)
+    inv = np.divide(F(1), dx, out=np.zeros_like(dx), where=dx > 0)
+    q = np.rint(blocks * inv[:, :, None]).astype(np.int8)
+    xq, got_dx, xsum = Q.quantize_rows_q8(x)
+    np.testing.assert_array_equal(xq, q.reshape(-1))
+    np.testing.assert_array_equal(got_dx, dx)
+    np.testing.assert_array_equal(xsum, q.sum(axis=2, dtype=np.int32))
