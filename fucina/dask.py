@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -132,9 +133,22 @@ def _tensors(ctx: ExecContext, tags: list[tuple[str, ...]], blocks: Sequence[np.
             for t, b in zip(tags, blocks)]
 
 
+_CONTEXTS: weakref.WeakKeyDictionary[Compiled, ExecContext | None] = \
+    weakref.WeakKeyDictionary()
+
+
 def _context(fn: Compiled) -> ExecContext | None:
     """The context of the tensors ``fn`` captures (a model's weights), None when it
     captures none: block tensors must live on it for ops to combine them."""
+    if fn in _CONTEXTS:
+        ctx = _CONTEXTS[fn]
+        if ctx is None or not ctx.closed:
+            return ctx
+    ctx = _CONTEXTS[fn] = _find_context(fn)
+    return ctx
+
+
+def _find_context(fn: Compiled) -> ExecContext | None:
     ctxs: list[ExecContext] = []
     for t in cap.discover([(("root", 0), fn.fn)]).slots:
         c = t._ctx
@@ -221,8 +235,13 @@ def _plan(fn: Compiled, arrays: tuple[Any, ...], tags: list[tuple[str, ...]]
     else:
         assert first is not None
         desc = [tuple(sizes[name] for name in t) for t in tags]
-        raise type(first)(f"map_blocks: tracing the function on sample blocks of shapes "
-                          f"{desc} (tags {tags}) failed: {first}") from first
+        msg = (f"map_blocks: tracing the function on sample blocks of shapes {desc} (tags "
+               f"{tags}) failed: {first}")
+        try:  # the function's own exception class, with the sample named
+            err: Exception = type(first)(msg)
+        except Exception:
+            err = ValueError(msg)
+        raise err from first
     if attempt == 2:  # it runs only on whole split axes: say which one it needs whole
         for name in split:
             if name not in out_t:

@@ -249,3 +249,18 @@ def test_cluster_survives_a_worker_killed_mid_job(client, model, tmp_path) -> No
     assert marker.exists() and int(marker.read_text()) != os.getpid()  # a worker did die
     assert got.shape == (len(TEXTS), 16)
     assert np.array_equal(got, per_partition(model, partitions(bag), 2))
+
+
+def test_cluster_map_blocks_with_a_captured_model(client, model, model_dir) -> None:
+    # the closure travels by value, the model it captures by reference to its files; the
+    # blocks join the model's context on the worker (its weights are captured tensors)
+    def lookup(ids):
+        return model.word.gather("vocab", ids, "tok")
+
+    ids = np.array([2, 5, 0, 7, 7, 3, 21, 1, 4], np.int64)
+    x = da.from_array(ids, chunks=4)
+    y = fd.map_blocks(lookup, x, tags=("tok",))
+    assert y.chunks == ((4, 4, 1), (16,))
+    table = np.asarray(bert.load(model_dir).word.numpy())
+    assert np.array_equal(y.compute(scheduler="sync"), table[ids])
+    assert np.array_equal(client.compute(y).result(timeout=300), table[ids])
