@@ -107,7 +107,8 @@ def _tag_lists(arrays: tuple[Any, ...], tags: Any) -> list[tuple[str, ...]]:
 
 def _axes(arrays: tuple[Any, ...], tags: list[tuple[str, ...]]
           ) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
-    """Per tag: its size and its chunking (all arrays that share a tag must agree)."""
+    """Per tag: its size and its chunking (as in the first array that has it; after
+    :func:`_aligned` every array that shares a tag has the same)."""
     sizes: dict[str, int] = {}
     chunks: dict[str, tuple[int, ...]] = {}
     for k, (a, t) in enumerate(zip(arrays, tags)):
@@ -119,10 +120,19 @@ def _axes(arrays: tuple[Any, ...], tags: list[tuple[str, ...]]
             if sizes.setdefault(name, int(n)) != n:
                 raise ValueError(f"map_blocks: tag {name!r} has size {sizes[name]} in one "
                                  f"array and {n} in array {k}")
-            c = a.chunks[axis]
-            if len(c) > len(chunks.get(name, ())):
-                chunks[name] = c
+            chunks.setdefault(name, a.chunks[axis])
     return sizes, chunks
+
+
+def _aligned(arrays: tuple[Any, ...], tags: list[tuple[str, ...]]) -> tuple[Any, ...]:
+    """The arrays rechunked so that every tag has one chunking (Dask's unify_chunks)."""
+    _axes(arrays, tags)  # sizes agree (named in our error before Dask's)
+    if len(arrays) == 1:
+        return arrays
+    pairs: list[Any] = []
+    for a, t in zip(arrays, tags):
+        pairs += [a, t]
+    return tuple(da.core.unify_chunks(*pairs)[1])
 
 
 def _tensors(ctx: ExecContext, tags: list[tuple[str, ...]], blocks: Sequence[np.ndarray]
@@ -298,7 +308,8 @@ def _plan(fn: Compiled, arrays: tuple[Any, ...], tags: list[tuple[str, ...]]
 def output_tags(fn: Callable[..., Any], *arrays: Any, tags: Any) -> tuple[str, ...]:
     """The tags of :func:`map_blocks`'s result for these arrays (checks the chunking)."""
     cfn = fn if isinstance(fn, Compiled) else _compile(fn)
-    return _plan(cfn, arrays, _tag_lists(arrays, tags))[0]
+    tag_lists = _tag_lists(arrays, tags)
+    return _plan(cfn, _aligned(arrays, tag_lists), tag_lists)[0]
 
 
 def _run_blocks(*blocks: np.ndarray, fn: bytes, tags: list[tuple[str, ...]],
@@ -327,6 +338,7 @@ def map_blocks(fn: Callable[..., Any], *arrays: Any, tags: Any,
         raise TypeError(f"map_blocks needs a callable, got {type(fn).__name__}")
     cfn = fn if isinstance(fn, Compiled) else _compile(fn)
     tag_lists = _tag_lists(arrays, tags)
+    arrays = _aligned(arrays, tag_lists)
     fn_tags, new, dtype = _plan(cfn, arrays, tag_lists)
     order = fn_tags if out_tags is None else tuple(out_tags)
     if sorted(order) != sorted(fn_tags):

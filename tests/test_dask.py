@@ -264,3 +264,22 @@ def test_cluster_map_blocks_with_a_captured_model(client, model, model_dir) -> N
     table = np.asarray(bert.load(model_dir).word.numpy())
     assert np.array_equal(y.compute(scheduler="sync"), table[ids])
     assert np.array_equal(client.compute(y).result(timeout=300), table[ids])
+
+
+def test_arrays_sharing_a_tag_line_up_by_name() -> None:
+    # x splits "b" as (5, 5), y as (4, 6): blocks are cut at both boundaries
+    y_np = RNG.standard_normal((10, 6)).astype(np.float32)
+
+    def add(a, b):
+        return a.add(b)
+
+    x = da.from_array(X, chunks=(5, 6))
+    y = da.from_array(y_np.T.copy(), chunks=(6, (4, 6)))  # axes ("d", "b"): named, not placed
+    z = fd.map_blocks(add, x, y, tags=[("b", "d"), ("d", "b")])
+    assert z.chunks == ((4, 1, 5), (6,))
+    assert np.array_equal(z.compute(scheduler="sync"), X + y_np)
+    # a contraction over the split shared tag is refused with the unified chunking
+    w = da.from_array(W, chunks=((2, 4), 4))
+    with pytest.raises(ValueError, match=r"tag 'd'.*into 3 chunks \(2, 1, 3\)"):
+        fd.map_blocks(proj_relu, da.from_array(X, chunks=(10, (3, 3))), w,
+                      tags=[("b", "d"), ("d", "o")])
