@@ -216,9 +216,17 @@ def test_cluster_embed_is_bit_identical(client, model) -> None:
     col = dd.from_pandas(pd.DataFrame({"text": TEXTS}), npartitions=3)["text"]
     got2 = client.compute(fd.embed(model, col)).result(timeout=300)
     assert np.array_equal(got2, per_partition(model, partitions(col), 32))
-    # the tasks ran in the worker processes, which opened the model themselves
+    # the tasks ran in the worker processes, which opened the model themselves and loaded
+    # its kernels from the disk cache this process filled (the same FUCINA_CACHE_DIR)
     pids = client.run(os.getpid)
     assert len(pids) == 2 and os.getpid() not in pids.values()
+    loads = client.run(kernel_loads)
+    assert sum(d for d, _ in loads.values()) > 0
+
+
+def kernel_loads() -> tuple[int, int]:
+    info = fucina.cache_info()
+    return info.disk_hits, info.compiled
 
 
 def test_cluster_worker_without_the_model_file(client, model_dir, tmp_path) -> None:

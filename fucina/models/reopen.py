@@ -8,6 +8,10 @@ network. Each process keeps the last few models it reopened, so the many tasks
 of one job that carry the same model share one loaded copy (and its compiled
 programs) instead of loading it per task.
 
+``copy.copy``/``copy.deepcopy`` go through the same path: a copy of a model is
+the model reopened from its files (possibly the instance this process already
+reopened), which is what a read-only model needs.
+
 A file missing where the model is unpickled raises ``FileNotFoundError`` naming
 the path and the host: every worker needs the model files at the same path.
 """
