@@ -775,8 +775,10 @@ def run_quant_suite(quick: bool = False) -> list[Case]:
         _qmatmul_case("q4_k", 32, 4096, 4096, False)]
 
 
-def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False) -> list[Case]:
-    """Run the standard suite and return its rows (``models``: the real-model rows too)."""
+def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False,
+              dask_sentences: int = 20_000) -> list[Case]:
+    """Run the standard suite and return its rows (``models``: the real-model rows too,
+    incl. the Dask rows embedding ``dask_sentences`` sentences when dask is installed)."""
     n = 1 << 18 if quick else 1 << 22
     cases = [_chain_case(n, quick), _five_op_case(quick),
              _softmax_case(512 if quick else 4096, 1024, quick), _tiny_case(quick),
@@ -791,12 +793,17 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False)
     if cold_warm:
         cases.append(_cold_warm_case())
     if models:
-        from .bench_bert import minilm_case
-        from .bench_llama import llama_cases
-
-        cases.append(minilm_case(Case))
-        cases += llama_cases(Case)
+        cases += _model_cases(dask_sentences)
     return cases
+
+
+def _model_cases(dask_sentences: int) -> list[Case]:
+    from .bench_bert import minilm_case
+    from .bench_dask import dask_cases
+    from .bench_llama import llama_cases
+
+    return [minilm_case(Case), *llama_cases(Case),
+            *(dask_cases(Case, dask_sentences) if dask_sentences else [])]
 
 
 def _fmt(t: float | None) -> str:
@@ -1008,6 +1015,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-models", action="store_true",
                    help="skip the real-model rows (MiniLM, SmolLM2; --quick skips them too)")
     p.add_argument("--models-only", action="store_true", help="run only the real-model rows")
+    p.add_argument("--dask-sentences", type=int, default=20_000, metavar="N",
+                   help="sentences the Dask rows embed (0: skip them; default 20000)")
     p.add_argument("--out", type=Path, default=None,
                    help="where to save the run's JSON (default bench-results/<timestamp>.json)")
     p.add_argument("--no-save", action="store_true", help="do not save the run")
@@ -1032,13 +1041,11 @@ def main(argv: list[str] | None = None) -> int:
     PROGRESS[0] = True
     try:
         if args.models_only:
-            from .bench_bert import minilm_case
-            from .bench_llama import llama_cases
-
-            cases = [minilm_case(Case), *llama_cases(Case)]
+            cases = _model_cases(args.dask_sentences)
         else:
             cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
-                              models=not (args.no_models or args.quick))
+                              models=not (args.no_models or args.quick),
+                              dask_sentences=args.dask_sentences)
         training = [] if args.no_training or args.models_only else run_training_suite(
             quick=args.quick, torch_compile=not args.no_torch_compile)
     finally:

@@ -806,6 +806,33 @@ class Compiled:
         """Traced programs this function holds (all signatures and guard variants)."""
         return sum(len(v) for v in self._cache.values())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Only the Python function travels (by reference, or by value under cloudpickle);
+        # the unpickling process traces again and loads kernels from its own disk cache.
+        return (_recompile, (self.fn,))
+
+
+#: fn -> the compiled function unpickling gave for it: a module-level function pickles by
+#: reference, so every task carrying it shares one Compiled and its traced programs.
+_UNPICKLED: weakref.WeakKeyDictionary[Any, Compiled] = weakref.WeakKeyDictionary()
+_UNPICKLED_LOCK = threading.Lock()
+
+
+def _recompile(fn: Callable[..., Any]) -> Compiled:
+    """Unpickle a compiled function: the one this process already made for ``fn``, else new."""
+    with _UNPICKLED_LOCK:
+        try:
+            hit = _UNPICKLED.get(fn)
+        except TypeError:  # unhashable or not weakly referenceable: no sharing
+            return Compiled(fn)
+        if hit is None:
+            hit = Compiled(fn)
+            try:
+                _UNPICKLED[fn] = hit
+            except TypeError:
+                pass
+        return hit
+
 
 def _deliver(node: Node, grad: RawTensor, sole: bool) -> None:
     """Hand a gradient the compiled backward produced to its real destination.

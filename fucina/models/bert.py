@@ -31,6 +31,7 @@ import numpy as np
 import fucina
 import fucina.safetensors as fst
 from fucina.errors import ModelFileError, TensorNotFound
+from fucina.models.reopen import Reopenable, ReopenSpec
 
 __all__ = ["BUCKET", "BertModel", "default_model_dir", "load"]
 
@@ -62,8 +63,11 @@ def _config_int(cfg: dict[str, Any], key: str, path: Path) -> int:
     return v
 
 
-class BertModel:
-    """A loaded BERT encoder with mean pooling; ``encode`` gives unit-norm embeddings."""
+class BertModel(Reopenable):
+    """A loaded BERT encoder with mean pooling; ``encode`` gives unit-norm embeddings.
+
+    Pickles as a reference to its directory (``fucina.models.reopen``): the
+    unpickling process maps the weights itself."""
 
     def __init__(self, model_dir: str | os.PathLike[str]):
         d = Path(model_dir)
@@ -216,6 +220,14 @@ class BertModel:
         mask_t = fucina.Tensor("batch", "seq").from_numpy(self.ctx, mask)
         y = self._forward(ids_t, mask_t)
         return np.asarray(y.permute_to("batch", "d").numpy())[:len(rows)]
+
+    def reopen_spec(self) -> ReopenSpec:
+        """The model directory (absolute) and the files this model reads."""
+        d = self.model_dir.resolve()
+        names = ["config.json", "model.safetensors", "tokenizer.json"]
+        if (d / "sentence_bert_config.json").is_file():
+            names.append("sentence_bert_config.json")
+        return ReopenSpec(args=(str(d),), files=tuple(str(d / n) for n in names))
 
     def __repr__(self) -> str:
         return (f"fucina.models.bert.BertModel({str(self.model_dir)!r}, layers={self.layers}, "
