@@ -265,3 +265,21 @@ def test_bench_rows_note_a_missing_package(monkeypatch: pytest.MonkeyPatch,
     out = _child(synth, None)
     assert set(out) == {"import_load_s", "first_tokens_s", "total_s"}
     assert 0 < out["import_load_s"] < out["total_s"]
+
+
+def test_model_pickles_as_a_reference_to_its_file(model: llama.LlamaModel, synth: Path,
+                                                  tmp_path: Path) -> None:
+    import pickle
+    import shutil
+
+    blob = pickle.dumps(model)
+    assert len(blob) < 2000  # the path and the class, never the weights
+    again = pickle.loads(blob)
+    ids = model.tokenizer.encode("hello")
+    np.testing.assert_array_equal(again.logits(ids), model.logits(ids))
+    moved = tmp_path / "moved.gguf"
+    shutil.copy(model.path, moved)
+    gone = pickle.dumps(llama.load(moved))
+    moved.unlink()
+    with pytest.raises(FileNotFoundError, match="moved.gguf"):
+        pickle.loads(gone)

@@ -39,6 +39,7 @@ import numpy as np
 import fucina
 import fucina.gguf as gg
 from fucina.errors import IndexOutOfBounds, ModelFileError, TensorNotFound
+from fucina.models.reopen import Reopenable, ReopenSpec
 
 __all__ = ["MIN_CACHE", "PREFILL_BUCKET", "LlamaModel", "LlamaTokenizer", "cache_capacity",
            "default_model_path", "load", "rope_factors"]
@@ -211,8 +212,16 @@ def cache_capacity(n: int, context: int) -> int:
     return min(c, context)
 
 
-class LlamaModel:
-    """A loaded Llama-architecture GGUF: ``tokenizer``, ``logits`` and ``generate``."""
+class LlamaModel(Reopenable):
+    """A loaded Llama-architecture GGUF: ``tokenizer``, ``logits`` and ``generate``.
+
+    Pickles as a reference to its GGUF file (``fucina.models.reopen``): the unpickling
+    process maps the weights itself."""
+
+    def reopen_spec(self) -> ReopenSpec:
+        """The GGUF file (absolute path) this model reads."""
+        path = str(self.path.resolve())
+        return ReopenSpec(args=(path,), files=(path,))
 
     def __init__(self, gguf_path: str | os.PathLike[str]):
         p = Path(gguf_path)
