@@ -61,7 +61,7 @@ def _library_still_works(ctx: F.ExecContext) -> None:
     np.testing.assert_array_equal(x.add_scalar(1.0).sum("z").numpy(), [9.0])
 
 
-@fuzz_settings(400)
+@fuzz_settings(2000)
 @given(st.data())
 def test_random_calls_raise_only_documented_errors(data):
     random_calls(hypothesis_ints(data))
