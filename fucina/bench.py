@@ -539,6 +539,22 @@ print(time.perf_counter() - t0)
 """
 
 
+def _new_process_cold_warm(script: str) -> tuple[float, float]:
+    """Seconds ``script`` reports (its last stdout line) in a new interpreter: once with an
+    empty kernel cache (cold), then the best of two runs over the cache it left (warm)."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, FUCINA_CACHE_DIR=d)
+
+        def run() -> float:
+            out = subprocess.run([sys.executable, "-c", script], env=env, check=True,
+                                 capture_output=True, text=True)
+            return float(out.stdout.strip().splitlines()[-1])
+
+        cold = run()
+        warm = min(run() for _ in range(2))
+    return cold, warm
+
+
 def _cold_warm_case() -> Case:
     """Time from compile() to the first results in a fresh process, empty vs warm cache.
 
@@ -547,16 +563,7 @@ def _cold_warm_case() -> Case:
     installed package as soon as any process has used them.
     """
     c = Case("first compiled result, new process")
-    with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, FUCINA_CACHE_DIR=d)
-
-        def run() -> float:
-            out = subprocess.run([sys.executable, "-c", _FIRST_RESULT], env=env, check=True,
-                                 capture_output=True, text=True)
-            return float(out.stdout.strip().splitlines()[-1])
-
-        cold = run()
-        warm = min(run() for _ in range(2))
+    cold, warm = _new_process_cold_warm(_FIRST_RESULT)
     c.notes["cold_s"] = cold
     c.notes["warm_s"] = warm
     c.notes["cold_over_warm"] = cold / warm
@@ -695,16 +702,7 @@ def _first_step_case() -> Case:
     backward, Adam) in a fresh process, with an empty kernel cache (cold) and with the
     cache it left (warm); imports and model set-up are not counted."""
     c = Case("first compiled spirals step, new process")
-    with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, FUCINA_CACHE_DIR=d)
-
-        def run() -> float:
-            out = subprocess.run([sys.executable, "-c", _FIRST_STEP], env=env, check=True,
-                                 capture_output=True, text=True)
-            return float(out.stdout.strip().splitlines()[-1])
-
-        cold = run()
-        warm = min(run() for _ in range(2))
+    cold, warm = _new_process_cold_warm(_FIRST_STEP)
     c.notes["cold_s"] = cold
     c.notes["warm_s"] = warm
     return c

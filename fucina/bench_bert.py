@@ -161,7 +161,8 @@ class TorchBert:
         return out
 
 
-def _best(fn: Any, repeats: int) -> float:
+def best_of(fn: Any, repeats: int) -> float:
+    """Best wall-clock seconds of ``repeats`` calls after one warm-up call."""
     fn()  # warm: compiles, caches
     best = math.inf
     for _ in range(repeats):
@@ -182,7 +183,7 @@ def minilm_case(case_type: Any, repeats: int = 3) -> Any:
     t = time.perf_counter()
     fast = model.encode(CORPUS)
     c.notes["first_call_s"] = time.perf_counter() - t
-    c.compiled = _best(lambda: model.encode(CORPUS), repeats)
+    c.compiled = best_of(lambda: model.encode(CORPUS), repeats)
     c.notes["fucina_sent_per_s"] = len(CORPUS) / c.compiled
     try:
         import torch  # noqa: F401
@@ -190,9 +191,9 @@ def minilm_case(case_type: Any, repeats: int = 3) -> Any:
         c.notes["note"] = "torch not installed: no torch comparison"
         return c
     tb = TorchBert(d)
-    c.torch = _best(lambda: tb.encode(CORPUS), repeats)
+    c.torch = best_of(lambda: tb.encode(CORPUS), repeats)
     c.notes["torch_longest_sent_per_s"] = len(CORPUS) / c.torch
-    pad128 = _best(lambda: tb.encode(CORPUS, pad_to=128), repeats)
+    pad128 = best_of(lambda: tb.encode(CORPUS, pad_to=128), repeats)
     c.notes["torch_pad128_sent_per_s"] = len(CORPUS) / pad128
     c.notes["torch_pad128_over_fast"] = pad128 / c.compiled
     c.notes["max_abs_err_vs_torch"] = float(np.abs(fast - tb.encode(CORPUS)).max())

@@ -11,7 +11,6 @@ rotate-half RoPE, a preallocated KV cache, batch 1.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .bench_bert import best_of
 from .models import llama
 
 PROMPT = "The capital of France is Paris. The capital of Italy is"  # 12 SmolLM2 tokens
@@ -127,16 +127,6 @@ def _unpermute(w: Any, n_head: int) -> Any:
         .reshape(w.shape)
 
 
-def _best(fn: Any, repeats: int) -> float:
-    fn()  # warm: compiles, caches
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def _decode_time(model: Any, ids: list[int], n: int) -> float:
     """Seconds from the first new token to the last (the decode steps, no prefill)."""
     it = model.stream(ids, n)
@@ -163,7 +153,7 @@ def decode_case(case_type: Any, repeats: int = 3, path: Path | None = None,
     t = time.perf_counter()
     fast = model.generate(ids, new_tokens)
     c.notes["first_call_s"] = time.perf_counter() - t
-    c.compiled = _best(lambda: model.generate(ids, new_tokens), repeats)
+    c.compiled = best_of(lambda: model.generate(ids, new_tokens), repeats)
     c.notes["fucina_tok_per_s"] = len(fast) / c.compiled
     c.notes["fucina_decode_only_tok_per_s"] = (len(fast) - 1) / _decode_time(model, ids,
                                                                              new_tokens)
@@ -176,7 +166,7 @@ def decode_case(case_type: Any, repeats: int = 3, path: Path | None = None,
     tl = TorchLlama(path)
     tl.eos = -1
     slow = tl.generate(ids, new_tokens)
-    c.torch = _best(lambda: tl.generate(ids, new_tokens), repeats)
+    c.torch = best_of(lambda: tl.generate(ids, new_tokens), repeats)
     c.notes["torch_tok_per_s"] = len(slow) / c.torch
     tl.generate(ids, new_tokens)
     c.notes["torch_decode_only_tok_per_s"] = (len(slow) - 1) / tl.last_decode_s
