@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fd import fd_check
 
 import fucina as F
 
@@ -21,29 +22,7 @@ _CTX = F.ExecContext()  # the operands closed over by a check live here too
 
 def _fd_check(tags: tuple[str, ...], shape: tuple[int, ...], build: Callable[[Any], Any],
               seed: int = 0, eps: float = 1e-3, tol: float = 2e-2) -> None:
-    """d sum(build(x) * r) / dx by autograd vs central differences (float64 sums)."""
-    rng = np.random.default_rng(seed)
-    x0 = rng.standard_normal(shape).astype(np.float32)
-    T = F.Tensor(*tags)
-    x = T.variable_from_slice(_CTX, shape, x0)
-    y = build(x)
-    r = rng.standard_normal(y.shape).astype(np.float32)
-    y.mul(type(y).from_slice(_CTX, y.shape, r)).sum_all().backward()
-    got = x.grad().numpy().reshape(-1)
-
-    def f(v: np.ndarray) -> float:
-        with F.no_grad():
-            out = build(T.from_slice(_CTX, shape, v)).numpy()
-        return float((out.astype(np.float64) * r).sum())
-
-    num = np.zeros(x0.size)
-    flat = x0.reshape(-1)
-    for i in range(flat.size):
-        p, m = flat.copy(), flat.copy()
-        p[i] += eps
-        m[i] -= eps
-        num[i] = (f(p.reshape(shape)) - f(m.reshape(shape))) / (2 * eps)
-    np.testing.assert_allclose(got, num, atol=tol, rtol=tol)
+    fd_check(_CTX, tags, shape, build, seed, eps, tol)
 
 
 def _const(tags: tuple[str, ...], shape: tuple[int, ...], seed: int) -> Any:

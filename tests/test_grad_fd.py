@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fd import fd_check
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,31 +13,7 @@ import fucina as F
 
 
 def _fd_check(tags, shape, build, seed=0, eps=1e-3, tol=2e-2):
-    """d sum(build(x) * w) / dx by autograd vs central differences in float64."""
-    rng = np.random.default_rng(seed)
-    x0 = rng.standard_normal(shape).astype(np.float32)
-    ctx = F.ExecContext()
-    T = F.Tensor(*tags)
-    x = T.variable_from_slice(ctx, shape, x0)
-    y = build(x)
-    w = rng.standard_normal(y.shape).astype(np.float32)
-    W = type(y).from_slice(ctx, y.shape, w)
-    y.mul(W).sum_all().backward()
-    got = x.grad().numpy()
-
-    def f(v: np.ndarray) -> float:
-        with F.no_grad():
-            out = build(T.from_slice(ctx, shape, v)).numpy()
-        return float((out.astype(np.float64) * w).sum())
-
-    num = np.zeros(x0.size)
-    flat = x0.reshape(-1)
-    for i in range(flat.size):
-        p, m = flat.copy(), flat.copy()
-        p[i] += eps
-        m[i] -= eps
-        num[i] = (f(p.reshape(shape)) - f(m.reshape(shape))) / (2 * eps)
-    np.testing.assert_allclose(got.reshape(-1), num, atol=tol, rtol=tol)
+    fd_check(F.ExecContext(), tags, shape, build, seed, eps, tol)
 
 
 def test_fd_pointwise_and_reductions():
