@@ -237,12 +237,9 @@ class Optimizer(abc.ABC):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every parameter's gradient (``set_to_none=False``: zero it in place)."""
-        tracer = current_tracer()
-        if tracer is not None:
-            if not hasattr(tracer, "zero_grad"):
-                raise TypeError(f"{type(self).__name__}.zero_grad() cannot be traced here")
-            for p in self._params():  # both forms leave no contribution behind
-                tracer.zero_grad(p._node)
+        if current_tracer() is not None:
+            for p in self._params():  # traced, both forms leave no contribution behind
+                p.zero_grad()
             return
         for p in self._params():
             if set_to_none:
