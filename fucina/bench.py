@@ -7,9 +7,11 @@ min/median/max over repeats, and the ratios against fucina compiled. Progress
 goes to stderr as cases run. Every run is saved as JSON (by default under
 ``bench-results/<timestamp>.json``; ``--out`` picks the file) with, when
 matplotlib is installed (the ``plot`` extra), a PNG of the ratios beside it;
-``--compare A B`` compares two saved runs. Times are the minimum over repeats
-of the mean over a batch of calls; the machine may be shared and noisy, so
-compare ratios from one run rather than absolute times across runs.
+``--compare A B`` compares two saved runs; ``--busy N`` runs the suite under
+load, with N helper processes spinning on a core each (recorded as
+``busy_procs``). Times are the minimum over repeats of the mean over a batch
+of calls; the machine may be shared and noisy, so compare ratios from one run
+rather than absolute times across runs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from typing import Any
 import numpy as np
 
 import fucina as F
+
+from .bench_busy import busy_processes
 
 try:  # torch is an optional comparison point
     import torch
@@ -879,8 +883,9 @@ def _numpy_blas_name() -> str:
         return "unknown (install threadpoolctl)"
 
 
-def conditions() -> dict[str, Any]:
-    """The machine and library versions a run was made under."""
+def conditions(busy_procs: int = 0) -> dict[str, Any]:
+    """The machine and library versions a run was made under (``busy_procs``: spinning
+    helper processes started for the run, ``--busy``)."""
     import numba
 
     info = {"python": platform.python_version(), "machine": platform.machine(),
@@ -888,7 +893,8 @@ def conditions() -> dict[str, Any]:
             "load_avg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
             "numpy": np.__version__, "numba": numba.__version__,
             "fucina": F.__version__, "threading_layer": F.internal.threading_layer(),
-            "blas": blas_core(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "blas": blas_core(), "busy_procs": busy_procs,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
@@ -907,7 +913,14 @@ def header(cond: dict[str, Any]) -> str:
         f"threading: numba {cond['threading_layer']}"
         + (f", torch threads {cond['torch_threads']}" if "torch_threads" in cond else ""),
         f"BLAS: {cond['blas']}",
+        f"load: {_load_text(cond.get('busy_procs', 0))}",
         f"versions: {versions}"])
+
+
+def _load_text(busy: int) -> str:
+    if not busy:
+        return "no helper processes (--busy 0)"
+    return f"{busy} spinning helper process{'es' if busy > 1 else ''} during the run (--busy)"
 
 
 def spread_table(cases: list[Case]) -> str:
@@ -1023,7 +1036,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-training", action="store_true", help="skip the training-step section")
     p.add_argument("--no-torch-compile", action="store_true",
                    help="skip torch.compile in the training section")
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="run under load: N helper processes spin on a core each for the "
+                        "whole run (default 0)")
     args = p.parse_args(argv)
+    if args.busy < 0:
+        p.error("--busy needs N >= 0")
     if args.compare:
         a, b = (json.loads(f.read_text()) for f in args.compare)
         text, data = compare(a, b)
@@ -1033,19 +1051,20 @@ def main(argv: list[str] | None = None) -> int:
         if png is not None:
             print(f"plot: {png}", file=sys.stderr)
         return 0
-    cond = conditions()
+    cond = conditions(args.busy)
     if not args.json:
         print(header(cond), flush=True)
     PROGRESS[0] = True
     try:
-        if args.models_only:
-            cases = _model_cases(args.dask_sentences)
-        else:
-            cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
-                              models=not (args.no_models or args.quick),
-                              dask_sentences=args.dask_sentences)
-        training = [] if args.no_training or args.models_only else run_training_suite(
-            quick=args.quick, torch_compile=not args.no_torch_compile)
+        with busy_processes(args.busy):  # ended on any exit, Ctrl-C included
+            if args.models_only:
+                cases = _model_cases(args.dask_sentences)
+            else:
+                cases = run_suite(quick=args.quick, cold_warm=not args.no_cold_warm,
+                                  models=not (args.no_models or args.quick),
+                                  dask_sentences=args.dask_sentences)
+            training = [] if args.no_training or args.models_only else run_training_suite(
+                quick=args.quick, torch_compile=not args.no_torch_compile)
     finally:
         PROGRESS[0] = False
     doc = to_json(cases, cond)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fucina import bench
 
 
@@ -99,3 +101,75 @@ def test_compare_and_ratios_of_saved_runs(tmp_path, capsys):
         assert bench.plot(data, tmp_path / "r.png", "t") is None
     else:
         assert (tmp_path / "b.compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _alive(pid):
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_busy_helpers_spin_during_the_block_and_are_gone_after():
+    import time
+
+    from fucina.bench_busy import busy_processes
+
+    with busy_processes(2) as procs:
+        pids = [p.pid for p in procs]
+        assert len(set(pids)) == 2 and all(p.is_alive() for p in procs)
+        t0 = time.perf_counter()
+        cpu0 = [_cpu_seconds(pid) for pid in pids]
+        time.sleep(0.3)
+        spent = [_cpu_seconds(pid) - c for pid, c in zip(pids, cpu0)]
+        wall = time.perf_counter() - t0
+    assert all(not _alive(pid) for pid in pids)
+    if spent[0] is not None:  # /proc: each helper burnt CPU while it ran
+        assert all(s > 0.05 * wall for s in spent)
+    with pytest.raises(KeyboardInterrupt), busy_processes(1) as procs:
+        pid = procs[0].pid
+        raise KeyboardInterrupt  # Ctrl-C inside the run
+    assert not _alive(pid)
+    with pytest.raises(ValueError):
+        with busy_processes(-1):
+            pass
+
+
+def _cpu_seconds(pid):
+    import os
+
+    try:  # utime + stime, in clock ticks
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_main_busy_runs_the_suite_under_spinning_helpers(monkeypatch, capsys, tmp_path):
+    import multiprocessing
+
+    seen = []
+
+    def fake_suite(**kw):
+        seen.append([p.pid for p in multiprocessing.active_children() if p.is_alive()])
+        return [bench.Case("row", eager=1e-3)]
+
+    monkeypatch.setattr(bench, "run_suite", fake_suite)
+    out = tmp_path / "busy.json"
+    assert bench.main(["--busy", "2", "--no-training", "--out", str(out)]) == 0
+    assert len(seen[0]) == 2 and not any(_alive(pid) for pid in seen[0])
+    assert json.loads(out.read_text())["conditions"]["busy_procs"] == 2
+    assert "2 spinning helper processes" in capsys.readouterr().out
+
+    def failing_suite(**kw):
+        seen.append([p.pid for p in multiprocessing.active_children() if p.is_alive()])
+        raise RuntimeError("a row failed")
+
+    monkeypatch.setattr(bench, "run_suite", failing_suite)
+    with pytest.raises(RuntimeError):
+        bench.main(["--busy", "1", "--no-training", "--no-save"])
+    assert len(seen[1]) == 1 and not _alive(seen[1][0])
+    assert bench.conditions()["busy_procs"] == 0

@@ -1,3 +1,5 @@
 """Numpy/Numba kernels behind the Fucina tensor operations."""
 
-from . import threads  # noqa: F401 - makes TBB loadable before Numba picks a threading layer
+# threads: makes TBB loadable before Numba picks a threading layer (OpenMP: passive wait);
+# blas_threads: OpenBLAS's idle workers sleep soon after a call instead of spinning.
+from . import blas_threads, threads  # noqa: F401
