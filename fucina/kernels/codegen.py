@@ -155,9 +155,24 @@ def _closure(steps: tuple[Step, ...], roots: list[int], level: str,
     return sorted(need)
 
 
-#: A swapped reduction accumulates this many outputs of the innermost kept axis at once:
-#: the accumulator rows stay in L1 while each reduced step streams one contiguous block.
-SWAP_BLOCK = 512
+#: A swapped reduction accumulates a block of outputs of the innermost kept axis at once:
+#: the accumulator rows (this many bytes in all) stay in L1 while each reduced step
+#: streams one contiguous block. Longer blocks read longer runs of each input row, which
+#: the prefetchers follow: 2048 f32 outputs summed over a leading axis ran ~1.5x faster
+#: than 512.
+SWAP_BYTES = 8192
+#: Block length bounds (outputs): short blocks starve the prefetcher.
+SWAP_MIN, SWAP_MAX = 512, 2048
+
+
+def swap_block(spec: KernelSpec) -> int:
+    """Outputs per block of a swapped kernel: its kept rows share :data:`SWAP_BYTES`."""
+    size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "int16": 2, "uint16": 2}
+    row = sum(size.get(st.dtype, 1) for st in spec.steps if st.level == "kept")
+    blk = SWAP_MAX
+    while blk > SWAP_MIN and blk * row > SWAP_BYTES:
+        blk //= 2
+    return blk
 
 # Expression fragments that mark a value as costly to recompute (a function call).
 _EXPENSIVE = ("sf.", "vm.", "math.", "uf_")
@@ -385,7 +400,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
     """
     nk, nr = spec.nk, spec.nr
     steps = spec.steps
-    last, blk = nk - 1, SWAP_BLOCK
+    last, blk = nk - 1, swap_block(spec)
     depth = _open_kept_loops(spec, w, operands, nk - 1)
     if nk == 1 and spec.parallel:
         w(depth, f"for kb in prange((n{last} + {blk - 1}) // {blk}):")
