@@ -792,6 +792,8 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False,
     cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,
                                                                        quick)]
     cases.append(_cross_entropy_case(quick))
+    from .bench_rows import row_cases  # issue 13: row programs and 3-D reductions
+    cases += row_cases(quick)
     if cold_warm:
         cases.append(_cold_warm_case())
     if models:

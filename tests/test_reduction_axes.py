@@ -17,7 +17,7 @@ from fucina.kernels import codegen as cg
 RNG = np.random.default_rng(13)
 TAGS = ("a", "b", "c")
 # The innermost kept run spans several swap blocks plus a remainder.
-SHAPE = (3, 5, cg.SWAP_BLOCK * 2 + 37)
+SHAPE = (3, 5, cg.SWAP_MAX * 2 + 37)
 AXES = [(t,) for t in TAGS] + list(itertools.combinations(TAGS, 2))
 
 
@@ -88,6 +88,35 @@ def test_max_nan_propagates_over_a_leading_axis(ctx):
     got = x.max("a").numpy()
     assert np.isnan(got[2, 7]) and np.isnan(F.compile(lambda t: t.max("a"))(x).numpy()[2, 7])
     np.testing.assert_array_equal(np.isnan(got), np.isnan(v.max(axis=0)))
+
+
+@pytest.mark.parametrize("fn", ["max", "min"])
+def test_max_min_nan_inf_every_axis(ctx, fn):
+    # The vectorized max/min (llvm.maximum/minimum) against numpy's NaN-propagating
+    # reductions: NaN first, last and mid-vector in a run, infinities, all--inf runs.
+    v = _values("f32")
+    v[0, 0, :] = -np.inf if fn == "max" else np.inf
+    v[0, 1, 0] = v[1, 0, 5] = v[2, 4, -1] = v[1, 3, 1000] = np.nan
+    v[2, 0, 9] = np.inf
+    v[1, 2, 11] = -np.inf
+    v[:, 3, 17] = np.nan
+    x = F.Tensor(*TAGS).from_slice(ctx, v.shape, v)
+    for tags in AXES:
+        want = _np_reduce(v, fn, tags)
+        eager = _reduce(x, fn, tags).numpy()
+        np.testing.assert_array_equal(eager, want)
+        fast = F.compile(lambda t, tags=tags: _reduce(t, fn, tags))
+        np.testing.assert_array_equal(fast(x).numpy(), eager)
+
+
+def test_swap_block_shares_the_accumulator_budget():
+    def spec(*dtypes: str) -> cg.KernelSpec:
+        steps = tuple(cg.Step("reduce", "kept", d, arg=0, fn="sum") for d in dtypes)
+        return cg.KernelSpec(1, 1, (), (), steps, 0, False)
+
+    assert cg.swap_block(spec("float32")) == cg.SWAP_MAX
+    assert cg.swap_block(spec("float64")) == cg.SWAP_BYTES // 8
+    assert cg.swap_block(spec(*["float64"] * 8)) == cg.SWAP_MIN
 
 
 def test_sum_of_a_permuted_view_and_fused_producer(ctx):

@@ -25,7 +25,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, vectorize
+from llvmlite import ir
+from numba import njit, types, vectorize
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..rng import uniform53_jit
 
@@ -116,6 +119,39 @@ def minimum_nan(a, b):
     if b != b:
         return b
     return a if a <= b else b
+
+
+def _nan_extremum(which: str):
+    """An intrinsic emitting ``llvm.<which>`` on two floats of one type.
+
+    ``llvm.maximum``/``llvm.minimum`` propagate NaN like :func:`maximum_nan` and
+    :func:`minimum_nan`, but LLVM knows them as reduction operations: a row max
+    written with them vectorizes (measured 6x on a [4096, 1024] row max), where the
+    branchy compare-and-select loop stays scalar. Zeros: they order -0 below +0,
+    while the compare keeps the first of two equal zeros; the kernels run with
+    ``nsz``, which leaves the sign of a zero result unspecified either way.
+    """
+
+    def typer(typingctx, a, b):
+        if not isinstance(a, types.Float) or a != b:
+            return None
+
+        def codegen(context, builder, signature, args):
+            lty = context.get_value_type(signature.return_type)
+            name = f"llvm.{which}.{'f32' if lty == ir.FloatType() else 'f64'}"
+            fn = cgutils.get_or_insert_function(builder.module,
+                                                ir.FunctionType(lty, [lty, lty]), name)
+            return builder.call(fn, args)
+
+        return a(a, b), codegen
+
+    typer.__name__ = f"{which}_red"
+    return intrinsic(typer)
+
+
+#: A float max/min reduction's accumulator step (NaN wins; vectorizes).
+maximum_red = _nan_extremum("maximum")
+minimum_red = _nan_extremum("minimum")
 
 
 @njit(**_INLINE)
