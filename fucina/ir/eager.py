@@ -26,13 +26,18 @@ class Plan:
     """A ready-to-launch kernel for one eager op signature."""
 
     __slots__ = ("kernel", "fn", "dtype", "shape", "strides", "count", "np_dtype", "ints",
-                 "offset_pos", "tail", "node", "small", "param_kind")
+                 "offset_pos", "tail", "node", "small", "param_kind", "entry", "in_np",
+                 "plain", "rest")
 
     def __init__(self, program: Any, node: Node):
         step = program.steps[0]
         b = step.built
         self.kernel = step.kernel
         self.fn = None  # the bare dispatcher, once the first call has been accounted
+        # The compiled entry point for the first call's argument types and the storage
+        # dtypes it was given (``fucina.tensor.fast`` calls it for exactly those).
+        self.entry: Any = None
+        self.in_np: tuple[np.dtype, ...] = ()
         self.node = node
         v = node.value
         self.dtype = v.dtype
@@ -48,6 +53,10 @@ class Plan:
             self.offset_pos.append(pos)
             pos += 1 + op.pattern.count(STRIDED)
         self.tail = list(b.loop_sizes)
+        # Plain layout: each input's ints are its offset alone (no strided operand), so a
+        # call is (out, *buffers, *offsets, *rest).
+        self.plain = self.offset_pos == list(range(len(self.offset_pos)))
+        self.rest = tuple(self.ints[len(self.offset_pos):] + self.tail)
         self.small = self.count * self.np_dtype.itemsize < POOL_MIN_BYTES
         if node.op == "scalar" or (node.op == "compare" and len(node.inputs) == 1):
             self.param_kind = 1
@@ -78,6 +87,8 @@ class Plan:
         if fn is None:
             self.kernel(*args)  # first call: counts a compile or a disk hit
             self.fn = self.kernel.fn
+            self.in_np = tuple(a.dtype for a in args[1:1 + len(inputs)])
+            self.entry = self.kernel.bare(args)
         else:
             fn(*args)
         return RawTensor(Storage(out) if small else PooledStorage(out), self.dtype, self.shape,

@@ -46,7 +46,13 @@ class Tracer(Protocol):
         """
 
 
-_local = threading.local()
+class _State(threading.local):
+    """Per-thread state; the class default makes ``_local.tracer`` a plain read."""
+
+    tracer: Tracer | None = None
+
+
+_local = _State()
 
 
 def current_tracer() -> Tracer | None:

@@ -113,6 +113,23 @@ class Kernel:
             if first:
                 _account(self.fn)
 
+    def bare(self, args: tuple[Any, ...] | list[Any]) -> Callable[..., None]:
+        """The compiled entry point for the argument types of ``args`` (a call already
+        made through :meth:`__call__`), or the dispatcher when there is none.
+
+        Calling the entry skips Numba's per-call type dispatch (about half the cost of
+        a tiny kernel call). Its unboxing still checks each array's rank and item size;
+        callers use it only for arguments whose dtypes, ranks and layouts match the
+        ones given here (storage buffers are 1-D and C-contiguous by construction).
+        """
+        fn = self.fn
+        try:
+            sig = tuple(fn.typeof_pyval(a) for a in args)
+        except (ValueError, TypeError):
+            return fn
+        cres = fn.overloads.get(sig)
+        return fn if cres is None else cres.entry_point
+
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"
 

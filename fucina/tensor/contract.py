@@ -17,6 +17,7 @@ from ..errors import ShapeMismatch, TagError, UnsupportedGradient
 from ..ir import quantized
 from ..ir.execute import emit
 from ..ir.graph import Node
+from . import fast
 from .base import Tensor, check_tensor, result, same_ctx, sizes_of, tensor_list
 from .math import binary
 
@@ -65,6 +66,15 @@ def contract_nodes(a: Any, an: Node, at: tuple[str, ...], b: Any, bn: Node,
 
 
 def _dot(self: Any, other: Any, contract: str) -> Any:
+    hit = fast.dot(self, other, contract)
+    if hit is not None:
+        return hit
+    out = _dot_slow(self, other, contract)
+    fast.learn_dot(self, other, contract, out)
+    return out
+
+
+def _dot_slow(self: Any, other: Any, contract: str) -> Any:
     check_tensor(other)
     same_ctx(self, other)
     if other.dtype.is_block:  # f32 x block-quantized weight: the qcontract primitive

@@ -25,6 +25,7 @@ from ..ir.execute import emit
 from ..ir.graph import Node
 from ..kernels.cache import SIZE_SOURCES
 from ..runtime.lru import LRU
+from . import fast
 from .arguments import real_arg
 from .base import (
     Tensor,
@@ -73,7 +74,7 @@ def _binary_plan(self: Any, other: Any, fn: str) -> tuple[Any, ...]:
     return out, tensor_type(tags=out, dtype=self.dtype), shape, need_a, need_b
 
 
-def binary(self: Any, other: Any, fn: str) -> Any:
+def _binary(self: Any, other: Any, fn: str) -> Any:
     """The ``binary`` primitive ``fn`` of two tensors, broadcasting by tag."""
     sn = self._node
     try:
@@ -98,6 +99,11 @@ def binary(self: Any, other: Any, fn: str) -> Any:
     node = emit("binary", (a, b), fn=fn)
     node.tags = out
     return new(cls, node, self._ctx)
+
+
+#: The ``binary`` primitive ``fn`` of two tensors, broadcasting by tag (a repeated
+#: signature on plain tensors takes the eager fast path).
+binary = fast.binary_op(_binary)
 
 
 def _is_number(v: object) -> bool:

@@ -25,6 +25,7 @@ from ..ir.autodiff import broadcast_back
 from ..ir.execute import emit
 from ..ir.graph import Node
 from ..runtime.gradmode import no_grad
+from . import fast
 from .arguments import is_int
 from .base import Tensor, result
 from .masks import mask_node
@@ -68,7 +69,12 @@ def _reduction(self: Any, tag: str, fn: str, mask: Any, empty: Any) -> Any:
         if self.dtype not in (DType.f32, *HALF):
             raise TagError(f"{fn} is defined on f32/f16/bf16 tensors, not {self.dtype.value}")
     elif mask is None:
-        return reduce_tags(self, (T.check_tag(tag),), fn)
+        hit = fast.reduce(self, tag, fn)
+        if hit is not None:
+            return hit
+        out = reduce_tags(self, (T.check_tag(tag),), fn)
+        fast.learn_reduce(self, tag, fn, out)
+        return out
     forward_only(self)
     axes = (_axis(self, tag),)
     out_tags = T.remove_tags(self.axis_tags, (tag,))

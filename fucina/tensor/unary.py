@@ -23,6 +23,7 @@ from ..ir.execute import emit
 from ..ir.graph import Node
 from ..kernels.elementwise import PUBLIC_UNARY
 from ..rng import MASK64
+from . import fast
 from .arguments import int_arg, real_arg
 from .base import Tensor, identity_view, result
 from .math import binary, forward_only
@@ -75,7 +76,14 @@ def _unary_node(node: Node, fn: str, params: tuple[Any, ...] = ()) -> Node:
 
 
 def _apply(self: Any, fn: str, params: tuple[Any, ...] = ()) -> Any:
-    return float_op(self, lambda n: _unary_node(n, fn, params))
+    if params or self.dtype in HALF:  # parameters, or a cast -> op -> cast program
+        return float_op(self, lambda n: _unary_node(n, fn, params))
+    hit = fast.unary(self, fn)
+    if hit is not None:
+        return hit
+    out = float_op(self, lambda n: _unary_node(n, fn))
+    fast.learn_unary(self, fn, out)
+    return out
 
 
 def _bound(v: Any, default: float, what: str) -> float:

@@ -1,0 +1,354 @@
+"""The eager fast path: a repeated small op on plain tensors, with almost no Python work.
+
+The first eager call of an op on a signature goes the normal way (tag rules,
+checks, :func:`~fucina.ir.execute.emit`, the per-signature kernel plan of
+:mod:`fucina.ir.eager`). Once that succeeded, the signature is remembered here
+together with its plan, and later calls with the same signature allocate the
+result and call the kernel's compiled entry point directly.
+
+A signature is everything the normal path decides from: the op and its
+parameters, the operand types (dtype and tags), shapes and strides. A call takes
+the fast path only when, in addition, nothing could make the normal path behave
+differently: no tracer is active, every operand is live on one open context,
+none requires grad (the graph path records nodes), the storage buffers hold the
+dtypes the entry point was built for. Anything else (broadcasting, borrowed or
+symbolic storage, a first call, an error) takes the normal path, which raises
+what it raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..ir.eager import Plan, lookup
+from ..ir.execute import _local
+from ..ir.graph import Node
+from ..runtime.raw import RawTensor
+from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
+
+#: Most signatures remembered (the table is emptied when it grows past this).
+FAST_CACHE_SIZE = 4096
+
+
+class _Fast:
+    """What a fast call needs: the kernel plan, the result type and its tags."""
+
+    __slots__ = ("plan", "entry", "cls", "tags", "op", "attrs", "count", "np_dtype", "small",
+                 "shape", "strides", "dtype", "in_np", "rest")
+
+    def __init__(self, plan: Plan, cls: type, tags: tuple[str, ...], op: str,
+                 attrs: dict[str, Any]):
+        self.plan = plan
+        self.entry = plan.entry
+        self.cls = cls
+        self.tags = tags
+        self.op = op
+        self.attrs = attrs
+        self.count = plan.count
+        self.np_dtype = np.dtype(plan.np_dtype)
+        self.small = plan.small
+        self.shape = plan.shape
+        self.strides = plan.strides
+        self.dtype = plan.dtype
+        self.in_np = plan.in_np
+        self.rest = plan.rest
+
+
+_FAST: dict[Any, Any] = {}  # signature -> _Fast or _FastDot
+
+
+def _remember(key: Any, inputs: tuple[Node, ...], op: str, attrs: dict[str, Any],
+              out: Any) -> None:
+    """Remember ``key`` after the normal path produced ``out`` from ``inputs``."""
+    if getattr(_local, "tracer", None) is not None:
+        return
+    for n in inputs:
+        st = n.value.storage
+        if n.requires_grad or st.buf is None or st.borrowed:
+            return
+    plan = lookup(op, inputs, attrs)
+    if plan is None or plan.entry is None or not plan.plain or plan.param_kind == 1:
+        return
+    if op == "unary" and attrs.get("params"):
+        return
+    node = out._node_
+    if node is None or node.requires_grad or node.value.shape != plan.shape:
+        return
+    if len(_FAST) >= FAST_CACHE_SIZE:
+        _FAST.clear()
+    _FAST[key] = _Fast(plan, type(out), node.tags, op, dict(attrs))
+
+
+_new = object.__new__
+
+
+def _wrap(f: Any, out: np.ndarray, ctx: Any, attrs: dict[str, Any]) -> Any:
+    """The result tensor around ``out``: what ``emit`` and ``result`` make, built
+    without the constructors' call overhead (every slot of Storage, RawTensor, Node
+    and the tensor is set here, as their ``__init__`` would)."""
+    st: Any = _new(Storage if f.small else PooledStorage)
+    st.buf = out
+    st.refs = 1
+    st.readonly = False
+    st.borrowed = False
+    raw: Any = _new(RawTensor)
+    raw.storage = st
+    raw.dtype = f.dtype
+    raw.shape = f.shape
+    raw.strides = f.strides
+    raw.offset = 0
+    node: Any = _new(Node)
+    node.op = f.op
+    node.inputs = ()
+    node.attrs = attrs
+    node.value = raw
+    node.tags = f.tags
+    node.requires_grad = False
+    node.grad = None
+    obj: Any = _new(f.cls)
+    obj._node_ = node
+    obj._ctx = ctx
+    obj._scoped = False
+    scopes = getattr(ctx._local, "scopes", None)  # this thread's open exec scopes
+    if scopes:
+        scopes[-1].append(obj)
+        obj._scoped = True
+    return obj
+
+
+def _alloc(f: _Fast) -> np.ndarray:
+    if f.small:
+        return np.empty(f.count, f.np_dtype)
+    return POOL.take(f.np_dtype, f.count)
+
+
+def binary_op(slow: Callable[[Any, Any, str], Any]) -> Callable[[Any, Any, str], Any]:
+    """``slow`` (the normal path of the ``binary`` primitive) behind the fast path."""
+
+    def binary(self: Any, other: Any, fn: str) -> Any:
+        sn = self._node_
+        on = getattr(other, "_node_", None)
+        if sn is not None and on is not None and not (sn.requires_grad or on.requires_grad):
+            ctx = self._ctx
+            ra = sn.value
+            rb = on.value
+            f = _FAST.get((fn, type(self), type(other), ra.shape, ra.strides, rb.shape,
+                           rb.strides))
+            if f is not None and other._ctx is ctx and not ctx.closed \
+                    and _local.tracer is None:
+                sa = ra.storage
+                sb = rb.storage
+                ba = sa.buf
+                bb = sb.buf
+                d0, d1 = f.in_np
+                if ba is not None and bb is not None and ba.dtype is d0 and bb.dtype is d1 \
+                        and not (sa.borrowed or sb.borrowed):
+                    out = np.empty(f.count, f.np_dtype) if f.small else _alloc(f)
+                    f.entry(out, ba, bb, ra.offset, rb.offset, *f.rest)
+                    return _wrap(f, out, ctx, {"fn": fn})
+        out = slow(self, other, fn)
+        _learn_binary(self, other, fn, out)
+        return out
+
+    return binary
+
+
+def _learn_binary(self: Any, other: Any, fn: str, out: Any) -> None:
+    """After the normal path computed ``out = self <fn> other``: remember the signature
+    when its operands needed no broadcasting."""
+    sn, on = self._node_, getattr(other, "_node_", None)
+    if on is None or sn is None or out._node_ is None:
+        return
+    ra, rb = sn.value, on.value
+    if ra.shape != rb.shape or ra.shape != out._node_.value.shape \
+            or self.axis_tags != other.axis_tags:
+        return  # broadcast or aligned operands: views the fast path does not make
+    key = (fn, type(self), type(other), ra.shape, ra.strides, rb.shape, rb.strides)
+    _remember(key, (sn, on), "binary", {"fn": fn}, out)
+
+
+def _one(self: Any, key_head: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
+    """A one-operand op on the fast path (``key_head`` + shape + strides), or None."""
+    sn = self._node_
+    if sn is None or sn.requires_grad:
+        return None
+    ra = sn.value
+    f = _FAST.get((*key_head, type(self), ra.shape, ra.strides))
+    if f is None:
+        return None
+    ctx = self._ctx
+    if ctx.closed or _local.tracer is not None:
+        return None
+    st = ra.storage
+    ba = st.buf
+    if ba is None or ba.dtype is not f.in_np[0] or st.borrowed:
+        return None
+    out = np.empty(f.count, f.np_dtype) if f.small else _alloc(f)
+    f.entry(out, ba, ra.offset, *f.rest)
+    return _wrap(f, out, ctx, attrs)
+
+
+def unary(self: Any, fn: str) -> Any:
+    """The parameterless ``unary`` op ``fn`` on the fast path, or None."""
+    return _one(self, ("unary", fn), {"fn": fn})
+
+
+def learn_unary(self: Any, fn: str, out: Any) -> None:
+    """After the normal path computed the parameterless ``unary`` op ``fn``: remember it."""
+    sn = self._node_
+    if sn is None:
+        return
+    ra = sn.value
+    _remember(("unary", fn, type(self), ra.shape, ra.strides), (sn,), "unary", {"fn": fn},
+              out)
+
+
+def reduce(self: Any, tag: Any, fn: str) -> Any:
+    """The unmasked reduction ``fn`` over ``tag`` on the fast path, or None."""
+    if type(tag) is not str:
+        return None
+    f_attrs = _REDUCE_ATTRS.get((fn, tag, type(self)))
+    if f_attrs is None:
+        return None
+    return _one(self, ("reduce", fn, tag), f_attrs.copy())
+
+
+#: (fn, tag, type) -> the attributes of a remembered reduction's node.
+_REDUCE_ATTRS: dict[Any, dict[str, Any]] = {}
+
+
+def learn_reduce(self: Any, tag: Any, fn: str, out: Any) -> None:
+    """After the normal path reduced ``self`` over ``tag``: remember it."""
+    sn = self._node_
+    node = out._node_
+    if sn is None or node is None or type(tag) is not str:
+        return
+    ra = sn.value
+    _REDUCE_ATTRS[(fn, tag, type(self))] = dict(node.attrs)
+    _remember(("reduce", fn, tag, type(self), ra.shape, ra.strides), (sn,), "reduce",
+              node.attrs, out)
+
+
+# -- dot: a planned GEMM straight into the result buffer --------------------------------
+
+
+class _Matrix:
+    """How one GEMM operand is viewed over its storage buffer: its matrix-stack shape,
+    byte strides and byte offset from the raw tensor's own offset; ``whole`` when the
+    view is the whole buffer reshaped (a raw tensor at offset 0 over a buffer of exactly
+    ``size`` elements), the cheap case."""
+
+    __slots__ = ("shape", "strides", "rel", "size", "whole")
+
+    def __init__(self, view: np.ndarray, buf: np.ndarray, raw: RawTensor):
+        self.shape = view.shape
+        self.strides = view.strides
+        self.rel = (view.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
+                    - raw.offset * buf.itemsize)
+        self.size = view.size
+        self.whole = self.rel == 0 and view.flags.c_contiguous
+
+    def view(self, buf: np.ndarray, offset: int) -> np.ndarray:
+        if self.whole and offset == 0 and buf.size == self.size:
+            return buf.reshape(self.shape)
+        return np.ndarray(self.shape, buf.dtype, buffer=buf,
+                          offset=offset * buf.itemsize + self.rel, strides=self.strides)
+
+
+class _FastDot:
+    __slots__ = ("cls", "tags", "attrs", "dtype", "np_dtype", "count", "shape", "strides",
+                 "small", "a", "b", "swapped", "out_shape", "in_np", "op")
+
+    def __init__(self, out: Any, sides: tuple[_Matrix, _Matrix], swapped: bool,
+                 out_shape: tuple[int, ...], in_np: tuple[np.dtype, np.dtype]):
+        node = out._node_
+        v = node.value
+        self.op = "contract"
+        self.cls = type(out)
+        self.tags = node.tags
+        self.attrs = dict(node.attrs)
+        self.dtype = v.dtype
+        self.np_dtype = np.dtype(v.dtype.storage)
+        self.count = v.numel
+        self.shape = v.shape
+        self.strides = v.strides
+        self.small = self.count * self.np_dtype.itemsize < POOL_MIN_BYTES
+        self.a, self.b = sides
+        self.swapped = swapped
+        self.out_shape = out_shape
+        self.in_np = in_np
+
+
+def dot(self: Any, other: Any, contract: Any) -> Any:
+    """``self.dot(other, contract)`` on the fast path, or None."""
+    sn = self._node_
+    on = getattr(other, "_node_", None)
+    if sn is None or on is None or sn.requires_grad or on.requires_grad:
+        return None
+    ra = sn.value
+    rb = on.value
+    try:
+        f = _FAST.get(("dot", contract, type(self), type(other), ra.shape, ra.strides,
+                       rb.shape, rb.strides))
+    except TypeError:  # an unhashable tag: the normal path names the problem
+        return None
+    if f is None:
+        return None
+    ctx = self._ctx
+    if other._ctx is not ctx or ctx.closed or _local.tracer is not None:
+        return None
+    ba = ra.storage.buf
+    bb = rb.storage.buf
+    d0, d1 = f.in_np
+    if ba is None or bb is None or ba.dtype is not d0 or bb.dtype is not d1:
+        return None
+    if f.swapped:
+        A = f.a.view(bb, rb.offset)
+        B = f.b.view(ba, ra.offset)
+    else:
+        A = f.a.view(ba, ra.offset)
+        B = f.b.view(bb, rb.offset)
+    out = np.empty(f.count, f.np_dtype) if f.small else POOL.take(f.np_dtype, f.count)
+    np.matmul(A, B, out=out.reshape(f.out_shape))
+    return _wrap(f, out, ctx, f.attrs.copy())
+
+
+def learn_dot(self: Any, other: Any, contract: Any, out: Any) -> None:
+    """After the normal path computed ``out = self.dot(other, contract)``: remember the
+    signature when it was one plain GEMM of two f32 (or two f64) operands."""
+    from ..kernels import gemm
+
+    sn, on, node = self._node_, getattr(other, "_node_", None), out._node_
+    if sn is None or on is None or node is None or node.op != "contract" \
+            or _local.tracer is not None or sn.requires_grad or on.requires_grad:
+        return
+    ra, rb = sn.value, on.value
+    dt = node.value.dtype
+    if ra.dtype is not dt or rb.dtype is not dt or dt.name not in ("f32", "f64"):
+        return
+    ba, bb = ra.storage.buf, rb.storage.buf
+    if ba is None or bb is None:
+        return
+    la, lb, lo = (tuple(x) for x in node.attrs["labels"])
+    if len(la) != len(ra.shape) or len(lb) != len(rb.shape):
+        return  # private axes were summed first, or a scalar operand: the normal path
+    p = gemm.plan(ra.shape, ra.strides, la, rb.shape, rb.strides, lb, lo)
+    if p.out_perm is not None or "copy" in (p.a.orient, p.b.orient):
+        return
+    x, y = ra.array(), rb.array()
+    if p.swapped:
+        x, y, la, lb = y, x, lb, la
+        bx, by, rx, ry = bb, ba, rb, ra
+    else:
+        bx, by, rx, ry = ba, bb, ra, rb
+    A = gemm.matrix_view(x, la, p.batch, p.m, p.k, p.a, p.batch_sizes, p.msize, p.ksize)
+    B = gemm.matrix_view(y, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
+    if len(_FAST) >= FAST_CACHE_SIZE:
+        _FAST.clear()
+    key = ("dot", contract, type(self), type(other), ra.shape, ra.strides, rb.shape,
+           rb.strides)
+    _FAST[key] = _FastDot(out, (_Matrix(A, bx, rx), _Matrix(B, by, ry)), p.swapped,
+                          p.batch_sizes + (p.msize, p.nsize), (ba.dtype, bb.dtype))

@@ -1,0 +1,229 @@
+"""The eager fast path (fucina/tensor/fast.py) and the compiled plain lane give what the
+normal paths give: the same values, the same exceptions, fresh results every call."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import fucina as F
+from fucina.tensor import fast
+
+RNG = np.random.default_rng(7)
+R, C = F.Tensor("r", "c"), F.Tensor("c", "r")
+
+
+def arr(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def twice(fn):  # the first call learns the signature, the second takes the fast path
+    first = fn().numpy()
+    second = fn()
+    return first, second
+
+
+@pytest.fixture()
+def ctx():
+    c = F.ExecContext()
+    yield c
+    c.deinit()
+
+
+def test_binary_unary_reduce_values_and_fast_signature(ctx):
+    x, y = arr(3, 4), arr(3, 4)
+    a, b = R.from_numpy(ctx, x), R.from_numpy(ctx, y)
+    n_before = len(fast._FAST)
+    for fn, want in [(lambda: a.add(b), x + y), (lambda: a.mul(b), x * y),
+                     (lambda: a - b, x - y), (lambda: a.exp(), np.exp(x)),
+                     (lambda: a.sum("c"), x.sum(1)), (lambda: a.sum("r"), x.sum(0))]:
+        first, second = twice(fn)
+        np.testing.assert_allclose(first, want, rtol=2e-6, atol=1e-6)
+        np.testing.assert_array_equal(second.numpy(), first)
+        assert not second.requires_grad
+    assert len(fast._FAST) >= n_before + 5 or len(fast._FAST) >= fast.FAST_CACHE_SIZE // 2
+    # every call writes a fresh buffer: earlier results keep their values
+    r1, r2 = a.add(b), a.add(b)
+    assert r1.as_raw_tensor().storage.buf is not r2.as_raw_tensor().storage.buf
+    assert type(r1) is R and r1.axis_tags == ("r", "c")
+
+
+def test_fast_path_is_taken_and_reads_current_data(ctx):
+    x = arr(8)
+    a = F.Tensor("d").from_numpy(ctx, x)
+    a.add(a)
+    hit = fast._FAST.get(("add", type(a), type(a), (8,), (1,), (8,), (1,)))
+    assert hit is not None and hit.entry is not None
+    a.data()[:] = 2.0  # an in-place write between calls is seen
+    np.testing.assert_array_equal(a.add(a).numpy(), np.full(8, 4.0, np.float32))
+
+
+def test_offsets_of_views_are_read_per_call(ctx):
+    x = arr(10)
+    a = F.Tensor("d").from_numpy(ctx, x)
+    for start in (0, 2, 5, 2, 0):  # same shape and strides, different offsets
+        v = a.slice(d=slice(start, start + 4))
+        w = a.slice(d=slice(1, 5))
+        np.testing.assert_allclose(v.add(w).numpy(), x[start:start + 4] + x[1:5])
+        np.testing.assert_allclose(v.exp().numpy(), np.exp(x[start:start + 4]), rtol=2e-6)
+        np.testing.assert_allclose(v.sum("d").numpy(), x[start:start + 4].sum(), rtol=1e-5)
+
+
+def test_broadcast_and_non_contiguous_operands(ctx):
+    x, y, z = arr(3, 4), arr(4), arr(4, 3)
+    a = R.from_numpy(ctx, x)
+    bias = F.Tensor("c").from_numpy(ctx, y)
+    t = C.from_numpy(ctx, z).permute_to(("r", "c"))  # a transposed view
+    for _ in range(3):
+        np.testing.assert_allclose(a.add(bias).numpy(), x + y)
+        np.testing.assert_allclose(a.mul(t).numpy(), x * z.T)
+        np.testing.assert_allclose(t.exp().numpy(), np.exp(z.T), rtol=2e-6)
+        np.testing.assert_allclose(t.sum("c").numpy(), z.T.sum(1), rtol=1e-5)
+
+
+def test_same_exceptions_after_the_signature_is_known(ctx):
+    a = R.from_numpy(ctx, arr(2, 3))
+    b = R.from_numpy(ctx, arr(2, 3))
+    a.add(b)
+    a.add(b)  # learned
+    other = F.ExecContext()
+    c = R.from_numpy(other, arr(2, 3))
+    for _ in range(2):
+        with pytest.raises(F.ContextMismatch):
+            a.add(c)
+        with pytest.raises(TypeError):
+            a.add("x")
+        with pytest.raises(F.ShapeMismatch):
+            a.add(R.from_numpy(ctx, arr(3, 3)))
+        with pytest.raises(F.TagError):
+            a.add(R.from_numpy(ctx, arr(2, 3)).to("f64"))
+        with pytest.raises(F.TagError):
+            a.sum("nope")
+        with pytest.raises(TypeError):
+            a.sum(["c"])
+    b.deinit()
+    with pytest.raises(F.Deinitialized):
+        a.add(b)
+    other.deinit()
+    with pytest.raises(F.Deinitialized):
+        c.add(c)
+    d = R.from_numpy(ctx, arr(2, 3))
+    d.exp()
+    ctx.deinit()
+    with pytest.raises(F.Deinitialized):
+        d.exp()
+    with pytest.raises(F.Deinitialized):
+        d.sum("c")
+
+
+def test_requires_grad_takes_the_graph_path(ctx):
+    x, y = arr(2, 3), arr(2, 3)
+    c = R.from_numpy(ctx, y)
+    plain = R.from_numpy(ctx, x)
+    plain.mul(c)
+    plain.mul(c)  # the signature (same types, shapes, strides) is known
+    w = R.variable_from_slice(ctx, (2, 3), x)
+    out = w.mul(c)
+    assert out.requires_grad
+    out.exp().sum("c").sum("r").backward()
+    np.testing.assert_allclose(w.grad().numpy(), np.exp(x * y) * y, rtol=1e-5)
+    with F.no_grad():
+        assert not w.mul(c).requires_grad
+
+
+def test_results_join_exec_scopes(ctx):
+    a = R.from_numpy(ctx, arr(2, 3))
+    a.add(a)
+    with ctx.exec_scope():
+        inner = a.add(a)
+        assert inner.numpy().shape == (2, 3)
+    with pytest.raises(F.Deinitialized):
+        inner.numpy()
+
+
+def test_tracing_does_not_take_the_fast_path(ctx):
+    x, y = arr(2, 3), arr(2, 3)
+    a, b = R.from_numpy(ctx, x), R.from_numpy(ctx, y)
+    a.add(b).exp()
+    a.add(b).exp()
+    f = F.compile(lambda p, q: p.add(q).exp().sum("c"))
+    for _ in range(3):
+        np.testing.assert_allclose(f(a, b).numpy(), np.exp(x + y).sum(1), rtol=1e-5)
+
+
+def test_other_dtypes_and_threads(ctx):
+    i = F.Tensor("d", dtype="i32").from_slice(ctx, (4,), [1, 2, 3, 2**31 - 1])
+    for _ in range(2):
+        np.testing.assert_array_equal(i.add(i).numpy(),
+                                      np.array([2, 4, 6, -2], np.int32))
+    d = F.Tensor("d", dtype="f64").from_slice(ctx, (3,), [0.5, 1.0, 2.0])
+    for _ in range(2):
+        np.testing.assert_array_equal(d.mul(d).numpy(), np.array([0.25, 1.0, 4.0]))
+        assert d.sum("d").item() == 3.5
+    h = F.Tensor("d", dtype="f16").from_slice(ctx, (3,), [0.0, 1.0, 2.0])
+    for _ in range(2):  # cast -> exp -> cast: the normal path
+        np.testing.assert_allclose(h.exp().numpy(), np.exp([0.0, 1.0, 2.0]), rtol=1e-3)
+    e = F.Tensor("d").from_slice(ctx, (3,), [0.0, 1.0, 2.0])
+    e.exp()
+    got = []
+    th = threading.Thread(target=lambda: got.append(e.exp().numpy()))  # no tracer state yet
+    th.start()
+    th.join()
+    np.testing.assert_allclose(got[0], np.exp([0.0, 1.0, 2.0]), rtol=2e-6)
+
+
+def test_dot_layouts(ctx):
+    K = F.Tensor("k", "n")
+    x, w, wt = arr(3, 5), arr(5, 4), arr(4, 5)
+    a = F.Tensor("m", "k").from_numpy(ctx, x)
+    b = K.from_numpy(ctx, w)
+    bt = F.Tensor("n", "k").from_numpy(ctx, wt)  # read transposed, no copy
+    for _ in range(3):
+        np.testing.assert_allclose(a.dot(b, "k").numpy(), x @ w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a.dot(bt, "k").numpy(), x @ wt.T, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(b.dot(a, "k").numpy(), w.T @ x.T, rtol=1e-5, atol=1e-6)
+    big = arr(6, 5)
+    full = F.Tensor("m", "k").from_numpy(ctx, big)
+    for start in (0, 2, 3, 0):  # same layout at different offsets
+        v = full.slice(m=slice(start, start + 3))
+        np.testing.assert_allclose(v.dot(b, "k").numpy(), big[start:start + 3] @ w,
+                                   rtol=1e-5, atol=1e-6)
+    ba = F.Tensor("b", "m", "k").from_numpy(ctx, arr(2, 3, 5))
+    bb = F.Tensor("b", "k", "n").from_numpy(ctx, arr(2, 5, 4))
+    for _ in range(2):
+        np.testing.assert_allclose(ba.dot(bb, "k").numpy(), ba.numpy() @ bb.numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    with pytest.raises(F.ShapeMismatch):
+        a.dot(F.Tensor("k", "n").from_numpy(ctx, arr(4, 4)), "k")
+    with pytest.raises(F.TagError):
+        a.dot(b, "zz")
+    v = F.Tensor("m", "k").variable_from_slice(ctx, (3, 5), x)
+    v.dot(b, "k").sum("n").sum("m").backward()
+    np.testing.assert_allclose(v.grad().numpy(), np.tile(w.sum(1), (3, 1)), rtol=1e-5)
+
+
+def test_compiled_plain_lane_matches_eager(ctx):
+    f = F.compile(lambda p, q: p.add(q))
+    x, y = arr(2, 3), arr(2, 3)
+    a, b = R.from_numpy(ctx, x), R.from_numpy(ctx, y)
+    outs = [f(a, b) for _ in range(3)]
+    for o in outs:
+        np.testing.assert_array_equal(o.numpy(), a.add(b).numpy())
+    assert outs[0].as_raw_tensor().storage.buf is not outs[1].as_raw_tensor().storage.buf
+    # the same tensor in both positions, a variable, another context, a transposed view
+    np.testing.assert_array_equal(f(a, a).numpy(), x + x)
+    v = R.variable_from_slice(ctx, (2, 3), x)
+    out = f(v, b)
+    assert out.requires_grad
+    out.sum("c").sum("r").backward()
+    np.testing.assert_array_equal(v.grad().numpy(), np.ones((2, 3), np.float32))
+    other = F.ExecContext()
+    with pytest.raises(F.ContextMismatch):
+        f(a, R.from_numpy(other, y))
+    t = C.from_numpy(ctx, arr(3, 2)).permute_to(("r", "c"))
+    np.testing.assert_array_equal(f(a, t).numpy(), x + t.numpy())
+    b.deinit()
+    with pytest.raises(F.Deinitialized):
+        f(a, b)
