@@ -33,6 +33,8 @@ import numpy as np
 
 import fucina as F
 
+from .bench_dispatch import dispatch_cases
+
 try:  # torch is an optional comparison point
     import torch
 except ImportError:  # pragma: no cover - depends on the machine
@@ -788,6 +790,7 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False,
     cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,
                                                                        quick)]
     cases.append(_cross_entropy_case(quick))
+    cases += dispatch_cases(Case, best_time, quick)
     if cold_warm:
         cases.append(_cold_warm_case())
     if models:
