@@ -36,6 +36,7 @@ import numpy as np
 import fucina as F
 
 from .bench_busy import busy_processes
+from .bench_dispatch import dispatch_cases
 
 try:  # torch is an optional comparison point
     import torch
@@ -794,6 +795,7 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False,
     cases.append(_cross_entropy_case(quick))
     from .bench_rows import row_cases  # issue 13: row programs and 3-D reductions
     cases += row_cases(quick)
+    cases += dispatch_cases(Case, best_time, quick)
     if cold_warm:
         cases.append(_cold_warm_case())
     if models:

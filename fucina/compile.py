@@ -50,6 +50,7 @@ from .ir.ops import OPS, OpDef
 from .ir.printer import format_program
 from .ir.program import Program
 from .kernels.cache import SIZE_SOURCES, Kernel
+from .plain_lane import MISS, PlainLane
 from .runtime.context import ExecContext
 from .runtime.gradmode import enable_grad, is_grad_enabled, no_grad
 from .runtime.lru import LRU
@@ -601,6 +602,7 @@ class Compiled:
         self._lock = threading.RLock()
         functools.update_wrapper(self, fn)
         self._hints: dict[str, Any] | None = None
+        self._lane = PlainLane()  # repeated plain-tensor calls (fucina/plain_lane.py)
         _LIVE.add(self)
 
     @property
@@ -736,6 +738,10 @@ class Compiled:
         tracer = current_tracer()
         if tracer is not None:
             return self._inline(tracer, args, kwargs)
+        if not kwargs:
+            hit = self._lane.call(args)
+            if hit is not MISS:
+                return hit
         entry, a, found = self._lookup(args, kwargs)
         if entry.arg_writes or entry.consumed:
             _check_argument_updates(entry, a, found)
@@ -769,7 +775,9 @@ class Compiled:
         sole = entry.program.sole_outputs
         for j, (target, g) in enumerate(zip(entry.grad_targets, raws[nout:]), nout):
             _deliver(nodes[target] if isinstance(target, int) else target, g, j in sole)
-        return _rebuild(entry.structure, outs)
+        result = _rebuild(entry.structure, outs)
+        self._lane.learn(args, kwargs, entry, _rebuild)
+        return result
 
     def _inline(self, tracer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Called inside another trace: the function becomes part of that program."""

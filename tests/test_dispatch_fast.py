@@ -227,3 +227,43 @@ def test_compiled_plain_lane_matches_eager(ctx):
     b.deinit()
     with pytest.raises(F.Deinitialized):
         f(a, b)
+
+
+def test_plain_lane_signatures_and_fallbacks(ctx):
+    f = F.compile(lambda p, q: p.mul(q))
+    x, y = arr(2, 3), arr(2, 3)
+    a, b = R.from_numpy(ctx, x), R.from_numpy(ctx, y)
+    f(a, b)
+    assert len(f._lane.table) == 1
+    np.testing.assert_array_equal(f(a, b).numpy(), x * y)
+    # the same tensor twice, and two views of one storage, take the general path
+    np.testing.assert_array_equal(f(a, a).numpy(), x * x)
+    whole = F.Tensor("d").from_numpy(ctx, np.arange(12, dtype=np.float32))
+    lo, hi = whole.slice(d=slice(0, 6)), whole.slice(d=slice(6, 12))
+    g = F.compile(lambda p, q: p.add(q))
+    for _ in range(3):
+        np.testing.assert_array_equal(g(lo, hi).numpy(), np.arange(6) * 2.0 + 6)
+    assert len(g._lane.table) == 0
+    with F.no_grad():  # grad mode is part of the signature
+        np.testing.assert_array_equal(f(a, b).numpy(), x * y)
+    with ctx.exec_scope():
+        inner = f(a, b)
+    with pytest.raises(F.Deinitialized):
+        inner.numpy()
+
+
+def test_plain_lane_skips_programs_with_captures(ctx):
+    x, y = arr(3), arr(3)
+    T1 = F.Tensor("d")
+    box = {"w": T1.from_numpy(ctx, y)}
+    f = F.compile(lambda p: p.add(box["w"]))
+    a = T1.from_numpy(ctx, x)
+    np.testing.assert_array_equal(f(a).numpy(), x + y)
+    assert len(f._lane.table) == 0
+    box["w"] = T1.from_numpy(ctx, 2 * y)  # rebinding a captured tensor takes effect
+    np.testing.assert_array_equal(f(a).numpy(), x + 2 * y)
+    h = F.compile(lambda p: (p.exp(), p.sum("d")))
+    for _ in range(3):
+        e, s = h(a)
+        np.testing.assert_allclose(e.numpy(), np.exp(x), rtol=2e-6)
+        np.testing.assert_allclose(s.numpy(), x.sum(), rtol=1e-5)

@@ -23,7 +23,13 @@ from ..kernels import cache as kcache
 from ..kernels import codegen as cg
 from ..kernels import gemm, reference, threads
 from ..runtime.raw import RawTensor, contiguous_strides
-from ..runtime.storage import POOL, storage_for
+from ..runtime.storage import (
+    POOL,
+    POOL_MIN_BYTES,
+    PooledStorage,
+    Storage,
+    storage_for,
+)
 from .checks import VALUE_CHECKS, reads_index_values
 from .fusion import BuiltKernel, Fuser, build
 from .graph import Node, topo_order
@@ -642,6 +648,78 @@ class Program:
                 results.append(RawTensor(storage_for(buf, True), v.dtype, v.shape, v.strides,
                                          v.offset))
         return results
+
+    def one_kernel_runner(self) -> OneKernel | None:
+        """A leaner :meth:`run` for a program that is one kernel reading its arguments
+        into one fresh result buffer (no constants, intermediates or in-place writes),
+        or None for any other program."""
+        if len(self.steps) != 1 or self.steps[0].kind != "kernel" or self.writes \
+                or self.const_slots or self._constants or self._copy_plan:
+            return None
+        st = self.steps[0]
+        b: Any = st.built
+        n_in = len(self.inputs)
+        outs = tuple(self.slot[id(n.value.storage)] for n in b.outputs)
+        if len(outs) != 1 or outs[0] not in self.fresh_slots \
+                or any(s >= n_in for s in st.in_slots) \
+                or any(slot != outs[0] for slot, _ in self._out_plan):
+            return None
+        return OneKernel(self, st, outs[0])
+
+
+class OneKernel:
+    """A one-kernel program's run, lean: the checks :meth:`Program.run` makes (each
+    argument's extent), one fresh result buffer, and the kernel's compiled entry point
+    while the argument buffers have the dtypes of the first call (Numba's dispatcher
+    otherwise, and for borrowed storage). A caller may inline the common case: no
+    extent checks (``input_need`` empty), then ``entry(out, *buffers, *tail)``."""
+
+    __slots__ = ("kernel", "tail", "in_slots", "dt", "count", "small", "results", "result",
+                 "input_need", "entry", "dtypes")
+
+    def __init__(self, program: Program, st: Step, slot: int):
+        self.kernel: Any = st.kernel
+        self.tail = st.tail
+        self.in_slots = st.in_slots
+        self.dt = np.dtype(program.slot_meta[slot][0])
+        self.count = program.slot_meta[slot][1]
+        self.small = self.count * self.dt.itemsize < POOL_MIN_BYTES
+        self.results = [v for _, v in program._out_plan]
+        self.result = self.results[0]  # the (first) result's layout
+        self.input_need = program.input_need
+        self.entry: Any = None  # the compiled entry point, once a first call ran
+        self.dtypes: tuple[np.dtype, ...] = ()  # the input dtypes it takes
+
+    def __call__(self, args: list[RawTensor]) -> list[RawTensor]:
+        """Run on argument raw tensors; returns raw results (as :meth:`Program.run`)."""
+        for k, need in self.input_need:
+            a = args[k]
+            size = a.storage.buf.size  # type: ignore[union-attr]  # concrete arguments
+            if a.offset + need > size:
+                raise InvalidDataLength(extent_message(a.offset + need - 1, size))
+        small = self.small
+        out = np.empty(self.count, self.dt) if small else POOL.take(self.dt, self.count)
+        fn = self.entry
+        dtypes = self.dtypes
+        bufs = [out]
+        borrowed = False
+        for j, s in enumerate(self.in_slots):
+            a = args[s]
+            st = a.storage
+            buf: Any = st.buf
+            borrowed = borrowed or st.borrowed
+            if fn is not None and buf.dtype is not dtypes[j]:
+                fn = None  # not the types the entry was made for: Numba dispatches
+            bufs.append(buf[a.offset:] if a.offset else buf)
+        if fn is not None and not borrowed:
+            fn(*bufs, *self.tail)
+        else:
+            self.kernel(*bufs, *self.tail)
+            if self.entry is None and not borrowed:
+                self.dtypes = tuple(x.dtype for x in bufs[1:])
+                self.entry = self.kernel.bare((*bufs, *self.tail))
+        return [RawTensor(Storage(out) if small else PooledStorage(out), v.dtype, v.shape,
+                          v.strides, v.offset) for v in self.results]
 
 
 class _Scratch:

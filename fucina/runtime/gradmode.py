@@ -6,18 +6,25 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_state = threading.local()
+
+class _State(threading.local):
+    # The class default makes a thread's first read a plain attribute read: a missing
+    # thread-local attribute costs an AttributeError per read (~0.6 us).
+    depth = 0
+
+
+_state = _State()
 
 
 def is_grad_enabled() -> bool:
     """True unless a ``no_grad()`` block is active on this thread."""
-    return getattr(_state, "depth", 0) == 0
+    return _state.depth == 0
 
 
 @contextmanager
 def no_grad() -> Iterator[None]:
     """Disable gradient recording inside the block (nests; thread-local)."""
-    _state.depth = getattr(_state, "depth", 0) + 1
+    _state.depth += 1
     try:
         yield
     finally:
@@ -31,7 +38,7 @@ def enable_grad() -> Iterator[None]:
     A checkpointed block re-runs with recording on while the backward walk
     that triggered it runs under ``no_grad``.
     """
-    saved = getattr(_state, "depth", 0)
+    saved = _state.depth
     _state.depth = 0
     try:
         yield

@@ -23,7 +23,11 @@ MAX_RANK = 8
 #: Most elements a tensor may have (no allocation beyond it can succeed).
 MAX_ELEMENTS = 2**62
 
-_reads = threading.local()
+class _Reads(threading.local):
+    fn: Callable[[RawTensor], None] | None = None  # a default: no AttributeError per read
+
+
+_reads = _Reads()
 
 
 def set_read_observer(fn: Callable[[RawTensor], None] | None
@@ -34,7 +38,7 @@ def set_read_observer(fn: Callable[[RawTensor], None] | None
     values the traced Python code reads (a mask turned into indices) shapes the
     trace, so its values are guarded. Returns the previous observer.
     """
-    prev = getattr(_reads, "fn", None)
+    prev = _reads.fn
     _reads.fn = fn
     return prev
 
@@ -173,7 +177,7 @@ class RawTensor:
 
     def array(self) -> np.ndarray:
         """numpy view in logical shape over storage elements (blocks: storage shape)."""
-        observer = getattr(_reads, "fn", None)
+        observer = _reads.fn
         if observer is not None:
             observer(self)
         buf = self.storage.buf
@@ -189,7 +193,7 @@ class RawTensor:
             raise UnsupportedView(
                 f"tensor with shape {self.shape} and strides {self.strides} is not contiguous; "
                 "materialize it first or use copy_to")
-        observer = getattr(_reads, "fn", None)
+        observer = _reads.fn
         if observer is not None:
             observer(self)
         n = _storage_count(self.dtype, self.shape)

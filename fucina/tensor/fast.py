@@ -112,7 +112,10 @@ def _wrap(f: Any, out: np.ndarray, ctx: Any, attrs: dict[str, Any]) -> Any:
     obj._node_ = node
     obj._ctx = ctx
     obj._scoped = False
-    scopes = getattr(ctx._local, "scopes", None)  # this thread's open exec scopes
+    try:
+        scopes = ctx._local.scopes  # this thread's open exec scopes
+    except AttributeError:  # none made on this thread yet (the property makes the list)
+        scopes = ctx._scopes
     if scopes:
         scopes[-1].append(obj)
         obj._scoped = True

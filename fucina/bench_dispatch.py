@@ -1,0 +1,78 @@
+"""Dispatch benchmark rows: the per-call cost of tiny ops (issue 13, target 7).
+
+Each row times a tiny eager op against torch's same op (``add``, ``mul``, ``exp``,
+``sum`` on 8 elements, ``dot`` of two 8x8 matrices), and a compiled one-op
+function against the eager op. The work is negligible, so the times are the
+libraries' Python and dispatch overhead. The implementations are timed in
+alternation over several rounds and each keeps its best, so a burst of load on
+a shared machine does not land on one side only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import fucina as F
+
+
+def _alternating(fns: dict[str, Callable[[], Any]], best_time: Callable[..., Any],
+                 rounds: int, min_time: float) -> dict[str, Any]:
+    best: dict[str, Any] = {}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = best_time(fn, min_time)
+            if name not in best or t < best[name]:
+                best[name] = t
+    return best
+
+
+def _bind(ref: Callable[[Any, Any, Any, Any], Any], *args: Any) -> Callable[[], Any]:
+    return lambda: ref(*args)
+
+
+def dispatch_cases(case: type, best_time: Callable[..., Any], quick: bool) -> list[Any]:
+    """The dispatch rows as ``case`` objects (``fucina.bench.Case``), timed with
+    ``best_time`` (``fucina.bench.best_time``)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - depends on the machine
+        torch = None  # type: ignore[assignment]
+    rounds, mt = (1, 0.02) if quick else (5, 0.1)
+    ctx = F.ExecContext()
+    rng = np.random.default_rng(0)
+    x8, y8 = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    m, w = (rng.standard_normal((8, 8)).astype(np.float32) for _ in range(2))
+    D = F.Tensor("d")
+    a, b = D.from_numpy(ctx, x8), D.from_numpy(ctx, y8)
+    xm, xw = F.Tensor("m", "k").from_numpy(ctx, m), F.Tensor("k", "n").from_numpy(ctx, w)
+    ops: list[tuple[str, Callable[[], Any], Callable[[Any, Any, Any, Any], Any]]] = [
+        ("add [8]", lambda: a.add(b), lambda t, ta, tb, tm: t.add(ta, tb)),
+        ("mul [8]", lambda: a.mul(b), lambda t, ta, tb, tm: t.mul(ta, tb)),
+        ("exp [8]", lambda: a.exp(), lambda t, ta, tb, tm: t.exp(ta)),
+        ("sum [8]", lambda: a.sum("d"), lambda t, ta, tb, tm: t.sum(ta)),
+        ("dot [8x8].[8x8]", lambda: xm.dot(xw, "k"), lambda t, ta, tb, tm: t.matmul(*tm)),
+    ]
+    cases = []
+    for name, eager, ref in ops:
+        c = case(f"dispatch eager {name}")
+        fns: dict[str, Callable[[], Any]] = {"eager": eager}
+        if torch is not None:
+            ta, tb = torch.from_numpy(x8), torch.from_numpy(y8)
+            tm = (torch.from_numpy(m), torch.from_numpy(w))
+            fns["torch"] = _bind(ref, torch, ta, tb, tm)
+        best = _alternating(fns, best_time, rounds, mt)
+        c.eager, c.torch = best["eager"], best.get("torch")
+        if c.torch is not None:
+            c.notes["eager/torch"] = float(c.eager) / float(c.torch)
+        cases.append(c)
+    one = F.compile(lambda p, q: p.add(q))
+    c = case("dispatch compiled one-op add [8]")
+    best = _alternating({"compiled": lambda: one(a, b), "eager": lambda: a.add(b)},
+                        best_time, rounds, mt)
+    c.compiled, c.eager = best["compiled"], best["eager"]
+    c.notes["compiled/eager"] = float(c.compiled) / float(c.eager)
+    cases.append(c)
+    return cases
