@@ -788,6 +788,8 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False,
     cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,
                                                                        quick)]
     cases.append(_cross_entropy_case(quick))
+    from .bench_unary import proxy_case, unary_cases
+    cases += [proxy_case(cases[0], quick), *unary_cases(n, quick)]
     if cold_warm:
         cases.append(_cold_warm_case())
     if models:
