@@ -794,8 +794,11 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False,
                                                                        quick)]
     cases.append(_cross_entropy_case(quick))
     from .bench_rows import row_cases  # issue 13: row programs and 3-D reductions
+    from .bench_unary import proxy_case, unary_cases
+
     cases += row_cases(quick)
     cases += dispatch_cases(Case, best_time, quick)
+    cases += [proxy_case(cases[0], quick), *unary_cases(n, quick)]
     if cold_warm:
         cases.append(_cold_warm_case())
     if models:

@@ -363,3 +363,46 @@ def test_parallel_fastmath_kernel_keeps_edge_semantics():
     np.testing.assert_allclose(out, want, rtol=1e-6)
     assert np.array_equal(np.isnan(out), np.isnan(want))
     assert _PACKED_FMA.search(fused.inspect_asm(fused.signatures[0]))
+
+
+# ---------------------------------------------------------------- vector width
+
+
+def test_wide_vectors_follow_the_compile_target():
+    """512-bit vectors exactly where Numba's target has AVX-512F; the cache key names it."""
+    from numba.core.registry import cpu_target
+
+    triple, cpu, features = cpu_target.target_context.codegen().magic_tuple()
+    wide = "+avx512f" in features.split(",")
+    assert vm.wide_vectors() == wide
+    assert vm.target_key().startswith(f"{triple}-{cpu}-")
+    loop = _fresh_loop(vm.tanh_f32, fastmath=True, parallel=True)
+    x = np.linspace(-3, 3, 256, dtype=F32)
+    out = np.empty_like(x)
+    loop(x, out)
+    np.testing.assert_array_equal(out, vm.vtanh(x))
+    gufunc = [lib for lib in _libraries(loop.overloads[loop.signatures[0]].library)
+              if "parfor_gufunc" in lib.name][0]
+    asm = gufunc.get_asm_str()
+    marked = '"prefer-vector-width"="512"' in str(gufunc._final_module)
+    assert marked == wide
+    if wide:
+        assert _PACKED_FMA.search(asm) and "zmm" in asm
+    else:
+        assert "zmm" not in asm and _PACKED_FMA.search(asm)
+
+
+def _libraries(lib):
+    yield lib
+    for sub in lib._linking_libraries:
+        yield from _libraries(sub)
+
+
+def test_kernel_cache_key_includes_the_target(monkeypatch):
+    from fucina.kernels import cache
+
+    src = "import numpy as np\n\n\ndef kernel(out0):\n    out0[0] = 1.0\n"
+    a = cache.load(src)
+    monkeypatch.setattr(cache, "_TARGET", cache._TARGET + "-other")
+    b = cache.load(src)
+    assert a.name != b.name

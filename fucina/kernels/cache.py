@@ -23,6 +23,7 @@ from typing import Any
 import numba
 
 from ..runtime.lru import LRU
+from .vecmath import target_key
 
 _VERSION = "2"  # bump when generated code conventions change
 
@@ -39,6 +40,8 @@ def _deps_hash() -> str:
 
 
 _DEPS = _deps_hash()
+# The compile target (CPU, features): code for one vector path never serves another.
+_TARGET = target_key()
 
 
 def cache_dir() -> Path:
@@ -152,7 +155,7 @@ _MEMORY = LRU(KERNEL_CACHE_SIZE)
 
 def load(source: str) -> Kernel:
     """The kernel for ``source``: from memory, else from (or written to) the disk cache."""
-    key = hashlib.sha256((_VERSION + _DEPS + numba.__version__ + source).encode()
+    key = hashlib.sha256((_VERSION + _DEPS + numba.__version__ + _TARGET + source).encode()
                          ).hexdigest()[:20]
     k = _MEMORY.get(key)
     if k is not None:

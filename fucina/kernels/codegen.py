@@ -236,6 +236,43 @@ def stored_value(spec: KernelSpec) -> int | None:
     return None
 
 
+#: A strip-mined pointwise kernel runs this many elements of the innermost axis through
+#: each stage before the next: the scratch rows stay in L1.
+STRIP_BLOCK = 1024
+
+
+def strip_stages(spec: KernelSpec) -> list[list[int]]:
+    """The stages of a strip-mined pointwise kernel (step indices), or [] to fuse as usual.
+
+    A pointwise chain with two or more costly calls (tanh then sigmoid) runs out
+    of vector registers when fused into one loop body, and spills. Cut after each
+    costly call but the last, each stage runs over a block of the innermost axis
+    with its results in small scratch rows; every element computes the very same
+    expressions, so the values are those of the fused loop. Loads are repeated in
+    each stage that reads them (the block is still in L1).
+    """
+    steps = spec.steps
+    if spec.nr != 0 or spec.nk == 0 or spec.uses_index:
+        return []
+    # Without reduced axes every step and output is kept-level.
+    if any(st.kind not in ("load", "ew") or st.level != "kept" for st in steps) \
+            or any(op.level != "kept" for op, _ in spec.outputs):
+        return []
+    order = _closure(steps, [k for _, k in spec.outputs], "kept")
+    costly = [k for k in order if steps[k].kind == "ew"
+              and any(t in steps[k].expr for t in _EXPENSIVE)]
+    if len(costly) < 2:
+        return []
+    stages: list[list[int]] = [[]]
+    for k in order:
+        if steps[k].kind == "load":
+            continue
+        stages[-1].append(k)
+        if k in costly[:-1]:
+            stages.append([])
+    return [st for st in stages if st]
+
+
 def generate(spec: KernelSpec) -> str:
     """Python source of a module defining ``kernel`` for ``spec``."""
     nk, nr = spec.nk, spec.nr
@@ -272,6 +309,8 @@ def generate(spec: KernelSpec) -> str:
     w(0, f"def kernel({', '.join(args)}):")
     if swapped(spec):
         _swapped_body(spec, w, names_in, names_out, operands)
+    elif strip_stages(spec):
+        _strip_body(spec, w, names_in, names_out, operands)
     else:
         _row_body(spec, w, names_in, names_out, operands)
     w(0, "")
@@ -309,6 +348,9 @@ def _open_kept_loops(spec: KernelSpec, w: _Writer, operands: list[tuple[str, Ope
 def _bases(spec: KernelSpec, w: _Writer, operands: list[tuple[str, Operand]],
            depth: int) -> None:
     kloops = [f"k{a}" for a in range(spec.nk)]
+    # Marks the function holding the loops (a prange body is its own function) for
+    # the CPU's full vector width (512-bit only where the target has AVX-512F).
+    w(depth, "vm.wide_hint()")
     for name, op in operands:
         w(depth, f"b_{name} = " + _index_expr(name, op.pattern, list(range(spec.nk)), kloops,
                                                f"off_{name}"))
@@ -497,3 +539,53 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
         for op, k, name in full_outs:
             idx = _index_expr(name, op.pattern, axes, loops, f"b_{name}")
             w(d, f"{name}[np.uint64({idx})] = v{k}")
+
+
+def _strip_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list[str],
+                operands: list[tuple[str, Operand]]) -> None:
+    """A pointwise chain in stages over blocks of the innermost axis (see :func:`strip_stages`)."""
+    nk = spec.nk
+    steps = spec.steps
+    last, blk = nk - 1, STRIP_BLOCK
+    stages = strip_stages(spec)
+    stage_of = {k: s for s, ks in enumerate(stages) for k in ks}
+    outs = {k for _, k in spec.outputs}
+    # Values computed in one stage and read in a later one live in scratch rows,
+    # allocated once per parallel iteration (each thread its own).
+    carried = sorted({d for s, ks in enumerate(stages) for k in ks for d in steps[k].deps
+                      if steps[d].kind != "load" and stage_of[d] < s}
+                     | {k for k in outs if stage_of[k] < len(stages) - 1})
+    depth = _open_kept_loops(spec, w, operands, nk - 1)
+    scratch = [f"t{k} = np.empty({blk}, {_CTOR[steps[k].dtype]})" for k in carried]
+    if nk == 1 and spec.parallel:
+        w(depth, f"for kb in prange((n{last} + {blk - 1}) // {blk}):")
+        depth += 1
+        w(depth, f"k{last} = kb * {blk}")
+        for line in scratch:
+            w(depth, line)
+    else:
+        for line in scratch:
+            w(depth, line)
+        w(depth, f"for k{last} in range(0, n{last}, {blk}):")
+        depth += 1
+    w(depth, f"kl = min({blk}, n{last} - k{last})")
+    _bases(spec, w, operands, depth)
+    for s, ks in enumerate(stages):
+        w(depth, "for j in range(kl):")
+        d = depth + 1
+        loads = sorted({x for k in ks for x in steps[k].deps if steps[x].kind == "load"})
+        for x in loads:
+            _emit_step(spec, w, names_in, d, x, [last], ["j"])
+        for x in sorted({x for k in ks for x in steps[k].deps
+                         if steps[x].kind != "load" and stage_of[x] < s}):
+            w(d, f"v{x} = t{x}[j]")
+        for k in ks:
+            _emit_step(spec, w, names_in, d, k, [last], ["j"])
+            if k in carried and s < len(stages) - 1:
+                w(d, f"t{k}[j] = v{k}")
+        if s == len(stages) - 1:
+            for (op, k), name in zip(spec.outputs, names_out):
+                if stage_of.get(k, s) < s:
+                    w(d, f"v{k} = t{k}[j]")
+                idx = _index_expr(name, op.pattern, [last], ["j"], f"b_{name}")
+                w(d, f"{name}[np.uint64({idx})] = v{k}")

@@ -63,7 +63,7 @@ erfc_f32        2         1.70        all floats; relative accuracy kept down to
 sin_f32         1         0.50        ``|x| < 2**50``; beyond, see below
 cos_f32         1         0.50        ``|x| < 2**50``
 gelu_tanh_f32   2         1.72        all floats, negative tail included
-gelu_erf_f32    2         1.90        all floats, negative tail included
+gelu_erf_f32    1         0.96        all floats, negative tail included
 ==============  ========  ==========  ========================================
 
 :data:`ULP_BOUNDS` holds the "max ulp" column; the tests assert it plus one ulp
@@ -91,7 +91,8 @@ Design notes
   ``[sqrt(1/2), sqrt(2))``; ``log1p(x) = log(1 + x)`` plus the first-order
   correction ``(x - ((1 + x) - 1)) / (1 + x)``.
 * ``tanh``: Cephes odd polynomial below 0.625, ``e / (e + 2)`` with
-  ``e = expm1(2|x|)`` above.
+  ``e = expm1(2|x|)`` above (|x| clamped to 10, so only the steps of ``expm1``
+  that range needs are emitted: both run in every lane).
 * ``sigmoid``/``silu``/``gelu_tanh``: ``m * sigmoid(v)`` with ``exp(-|v|) =
   p 2**n`` from the float32 kernel and ``1 + e``, the quotient, the product
   with ``m`` and the power of two in float64, rounded once. For
@@ -101,12 +102,19 @@ Design notes
   it to float32 alone would cost ~100 ulp.
 * ``erf``: odd polynomial ``x + x Q(x**2)`` below 0.75, ``1 - exp(L(a))``
   above with ``L`` a degree-7 fit of ``log(erfc(a))`` on [0.75, 3.93].
-* ``erfc`` and the tails of ``gelu_erf = x Phi(x)``: ``erfc(a) = exp(-a**2)
-  erfcx(a)`` with ``a**2`` exact in float64 and split into float32 ``hi + lo``
-  for the float32 exp kernel, and ``erfcx`` a degree-10 polynomial in
-  ``(a - 2) / (a + 2)`` over ``1 + 2a`` evaluated in float64 (fitted for this
-  module: relative error 5.7e-10 on [0.5, 10.5]). ``gelu_erf`` uses
-  ``0.5 + 0.5 erf(x / sqrt(2))`` for ``-0.5 < x / sqrt(2) < 0.75``.
+* ``erfc``: ``erfc(a) = exp(-a**2) erfcx(a)`` with ``a**2`` exact in float64
+  and split into float32 ``hi + lo`` for the float32 exp kernel, and ``erfcx``
+  a degree-10 polynomial in ``(a - 2) / (a + 2)`` over ``1 + 2a`` evaluated in
+  float64 (fitted for this module: relative error 5.7e-10 on [0.5, 10.5]).
+* ``gelu_erf = x Phi(x)`` has one branch-free path for every x: ``q =
+  Phi(-|x|) = exp(-x**2/2) erfcx(a) / 2`` (``a = |x| / sqrt(2)``), ``x q`` for
+  x < 0 and ``x (1 - q)`` above, with ``erfcx(a) (1 + 2a)`` a degree-11
+  polynomial in ``s = (a - 2) / (a + 2)`` fitted on [0, 10.5] (relative error
+  9.7e-10). ``x**2/2`` is split exactly into float32 ``hi + lo`` by an FMA and
+  exp's reduction runs in float32; float64 holds only the steps whose rounding
+  would reach the result (``a``, ``s`` and ``1 / (1 + 2a)`` by one float32
+  division and a Newton step, the last two polynomial steps, exp's final sum
+  and the products).
 * ``sin``/``cos``: the reduction ``r = x - j pi/2`` runs in float64 (x is exact
   there, ``j = rint(x 2/pi)``, two-constant Cody-Waite with FMAs, exact first
   step), then one float64 polynomial whose coefficients are chosen per lane
@@ -123,9 +131,20 @@ tanh 4.7 ms vs np.tanh 11.3 ms (and 80 ms for a Numba loop calling
 throughput: exp/expm1 ~0.55 ns/element, log ~0.85, tanh ~1.0, erf ~1.2-1.5,
 sigmoid/silu ~1.7, sin/cos ~1.9, gelu_tanh ~2.6, erfc ~3.4, gelu_erf ~4.2
 (the float64 divisions and polynomials are the price of the <= 2 ulp tails).
+Issue 13 (docs/BENCHMARKS.md) cut tanh by ~25% and gelu_erf by ~20% (same
+values for tanh; gelu_erf now <= 1 ulp) on that machine.
+
+Vector width: LLVM's tuning for most AVX-512 CPUs prefers 256-bit vectors.
+Every function here marks its caller's LLVM function (and generated kernels
+call :func:`wide_hint`) with ``"prefer-vector-width"="512"`` when, and only
+when, the compile target has AVX-512F (:func:`wide_vectors`, from the features
+Numba compiles for); :func:`target_key` names the target for kernel caches.
 """
 
 from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
 
 import numpy as np
 from llvmlite.ir import CallInstr
@@ -141,6 +160,9 @@ __all__ = [
     "exp_f32",
     "expm1_f32",
     "fma_f32",
+    "target_key",
+    "wide_hint",
+    "wide_vectors",
     "gelu_erf_f32",
     "gelu_tanh_f32",
     "log1p_f32",
@@ -180,7 +202,7 @@ ULP_BOUNDS: dict[str, int] = {
     "sin": 1,
     "cos": 1,
     "gelu_tanh": 2,
-    "gelu_erf": 2,
+    "gelu_erf": 1,
 }
 """Max error in float32 ulps reached on the tested domains (table in the module docstring)."""
 
@@ -202,6 +224,62 @@ _INF = _F(np.inf)
 _NAN = _F(np.nan)
 _SIGN = _I(-(2**31))
 _ABSM = _I(0x7FFFFFFF)
+
+
+@lru_cache(maxsize=1)
+def _codegen_target() -> tuple[str, str, str]:
+    """(triple, CPU name, feature string) Numba compiles for (host, or NUMBA_CPU_* overrides)."""
+    from numba.core.registry import cpu_target
+
+    triple, cpu, features = cpu_target.target_context.codegen().magic_tuple()
+    return str(triple), str(cpu), str(features)
+
+
+def wide_vectors() -> bool:
+    """Whether kernels here are emitted with 512-bit vectors: iff the target has AVX-512F.
+
+    LLVM's tuning for most AVX-512 CPUs prefers 256-bit vectors; these bodies are
+    compute-bound, and 512-bit vectors halve their instruction count. The answer
+    comes from the features Numba compiles for, never from a fixed CPU list.
+    """
+    return "+avx512f" in _codegen_target()[2].split(",")
+
+
+def target_key() -> str:
+    """Short key of the compile target (triple, CPU, features) for kernel cache keys.
+
+    Code built for one vector path (AVX2, AVX-512) is never reused on the other.
+    """
+    triple, cpu, features = _codegen_target()
+    digest = hashlib.sha256(features.encode()).hexdigest()[:12]
+    return f"{triple}-{cpu}-{digest}"
+
+
+_WIDE_ATTR = '"prefer-vector-width"="512"'
+
+
+def _mark_wide(fn) -> None:
+    """Give the LLVM function ``fn`` the 512-bit vector preference when :func:`wide_vectors`."""
+    if wide_vectors():
+        # llvmlite's attribute set only knows bare keywords; a key="value" string
+        # attribute prints verbatim into the function's definition.
+        set.add(fn.attributes, _WIDE_ATTR)
+
+
+@intrinsic
+def wide_hint(typingctx):
+    """No-op a kernel calls so that its loop is vectorized with :func:`wide_vectors` width.
+
+    Emits no instruction; marks the enclosing LLVM function (a ``prange`` body
+    is its own function, so call it inside the loop). Signature: ``wide_hint() -> None``.
+    """
+    sig = types.none()
+
+    def codegen(context, builder, signature, args):
+        _mark_wide(builder.function)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic
@@ -246,6 +324,7 @@ def _always_inline(impl):
         target = impl.overloads[sig.args].fndesc.mangled_name
 
         def codegen(context, builder, signature, args):
+            _mark_wide(builder.function)
             res = context.get_function(fnty, sig)(builder, args)
             for block in builder.function.blocks:
                 for instr in block.instructions:
@@ -518,7 +597,14 @@ def _tanh(x):
     p = fma_f32(p, z, _TP4)
     small = _copysign(fma_f32(x * z, p, x), x)  # odd; keeps -0
     ac = _TANH_CLAMP if a > _TANH_CLAMP else a  # tanh rounds to 1 beyond 9.01
-    e = _expm1(_TWO * ac)
+    # e = expm1(2 ac) with 0 <= 2 ac <= 20: the steps of _expm1 its range needs
+    # (no clamps, no second power of two, no -0 case), same values.
+    v = _TWO * ac
+    nf = np.rint(v * _LOG2E)
+    r = fma_f32(nf, -_LN2_HI, v)
+    r = fma_f32(nf, -_LN2_LO, r)
+    t = _pow2(_I(nf))
+    e = fma_f32(_exp_poly(r) + r, t, t - _ONE)
     big = _copysign(e / (e + _TWO), x)
     return small if a < _TANH_SMALL else big
 
@@ -887,16 +973,70 @@ def gelu_tanh_f32(x):
     return _call_gelu_tanh(np.float32(x))
 
 
+# erfcx(a) (1 + 2a) = G(s), s = (a - 2) / (a + 2), for a in [0, 10.5] (fitted
+# for gelu_erf, relative error 9.7e-10): one polynomial over the whole range, so
+# gelu_erf has no branch; the terms above s are evaluated in float32.
+_GR0 = 1.2769783826998857
+_GR1 = -0.0927638198469551
+_GR2 = _F(-0.16603052268179647)
+_GR3 = _F(0.16405101391497323)
+_GR4 = _F(-0.05421783347367022)
+_GR5 = _F(-0.00803065025366582)
+_GR6 = _F(0.008709284327016098)
+_GR7 = _F(0.001252074872368873)
+_GR8 = _F(-0.0014216577663714652)
+_GR9 = _F(-0.0004003509875733693)
+_GR10 = _F(0.0001704905001278451)
+_GR11 = _F(7.987687467876734e-05)
+_SQRT2_64 = 1.4142135623730951
+
+
 @_inl
 def _gelu_erf(x):
-    """Body of :func:`gelu_erf_f32`."""
+    """Body of :func:`gelu_erf_f32`: ``x Phi(x)`` with ``Phi(-|x|) = exp(-x*x/2) erfcx(a) / 2``.
+
+    Branch-free (both signs and the middle use the same terms). ``x*x/2`` is split
+    exactly into float32 ``hi + lo`` by an FMA; the float64 steps are only those
+    whose rounding would reach the result: ``exp``'s last sum, the last two
+    polynomial steps, a Newton step on ``1 / (1 + 2a)`` and the final product.
+    """
+    ax = abs(x)
+    # a = |x| / sqrt(2), s and 1 / (1 + 2a) in float64: G is steep near a = 0, so s
+    # must be exact there; the float32 quotient is refined by one Newton step.
+    ad = np.float64(ax) * _RSQRT2_64
+    ad = _ERFCX_MAX if ad > _ERFCX_MAX else ad  # NaN passes
+    td = ad + 2.0
+    ud = _fma_f64(2.0, ad, 1.0)
+    den = td * ud
+    dd = np.float64(_ONE / _F(den))  # the only division, in float32
+    dd = dd * _fma_f64(-den, dd, 2.0)
+    sd = (ad - 2.0) * ud * dd
+    s = _F(sd)
+    g = fma_f32(_GR11, s, _GR10)
+    g = fma_f32(g, s, _GR9)
+    g = fma_f32(g, s, _GR8)
+    g = fma_f32(g, s, _GR7)
+    g = fma_f32(g, s, _GR6)
+    g = fma_f32(g, s, _GR5)
+    g = fma_f32(g, s, _GR4)
+    g = fma_f32(g, s, _GR3)
+    g = fma_f32(g, s, _GR2)
+    gd = _fma_f64(_fma_f64(np.float64(g), sd, _GR1), sd, _GR0)
+    ed = td * dd  # 1 / (1 + 2a)
+    # exp(-x*x/2) = exp(-hi) (1 - lo) * 2**n, exp's reduction in float32.
+    h = ax * ax
+    lo = np.float64(fma_f32(ax, ax, -h)) * 0.5
+    hi = _HALF * h
+    big = hi >= _F(_HALF_SQ_MAX)  # q underflows for any float32 x
+    hc = _F(_HALF_SQ_MAX) if big else hi
+    nf = np.rint(-hc * _LOG2E)
+    r = fma_f32(nf, -_LN2_HI, -hc)
+    r = fma_f32(nf, -_LN2_LO, r)
+    pd = 1.0 + (np.float64(r) + np.float64(_exp_poly(r)))
+    q = (0.5 * pd) * (1.0 - lo) * gd * ed * _pow2_64(_I(nf))
+    q = 0.0 if big else q
     xd = np.float64(x)
-    # Phi(-|x|) = erfc(|x| / sqrt(2)) / 2, with x*x/2 exact in float64.
-    q = 0.5 * _exp_neg64(0.5 * xd * xd) * _erfcx64(abs(xd) * _RSQRT2_64)
-    tail = _F(xd * q) if x < _ZERO else _F(xd * (1.0 - q))
-    t = x * _RSQRT2
-    mid = x * fma_f32(_HALF, _erf_small(t), _HALF)
-    y = mid if (t > _F(-0.5)) & (t < _ERF_SMALL) else tail
+    y = _F(xd * q) if x < _ZERO else _F(xd * (1.0 - q))
     return _NAN if x == -_INF else y
 
 
