@@ -715,14 +715,17 @@ def _first_step_case() -> Case:
 
 def run_training_suite(quick: bool = False, torch_compile: bool = True,
                        first_step: bool = True) -> list[Case]:
-    """Training-step rows: the spirals MLP (Adam), a 784-1024-1024-10 MLP (AdamW) and the
-    time to a first compiled step in a new process (not in quick runs)."""
+    """Training-step rows: the spirals MLP (Adam), a 784-1024-1024-10 MLP (AdamW), a
+    784-512-10 MLP (SGD) and the time to a first compiled step in a new process (not in
+    quick runs)."""
     spirals = _training_case("spirals step, batch 256, 2-64-64-2 tanh, Adam", (2, 64, 64, 2),
                              256, "tanh", "Adam", 1e-2, quick, torch_compile and not quick)
     big = (784, 256, 256, 10) if quick else (784, 1024, 1024, 10)
     mlp = _training_case(f"MLP {'-'.join(map(str, big))} relu, batch 256, AdamW", big, 256,
                          "relu", "AdamW", 1e-3, quick, torch_compile and not quick)
-    cases = [spirals, mlp]
+    cases = [spirals, mlp, _training_case("MLP 784-512-10 relu, batch 256, SGD", (784, 512, 10),
+                                          256, "relu", "SGD", 1e-2, quick,
+                                          torch_compile and not quick)]
     if first_step and not quick:
         cases.append(_first_step_case())
     return cases
@@ -793,12 +796,15 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False,
     cases += [_norm_case("layer_norm", rows, 1024, quick), _norm_case("rms_norm", rows, 1024,
                                                                        quick)]
     cases.append(_cross_entropy_case(quick))
-    from .bench_rows import row_cases  # issue 13: row programs and 3-D reductions
+    # issue 13 rows; these modules import this one, so they are imported when run
+    from .bench_blocks import block_cases
+    from .bench_rows import row_cases
     from .bench_unary import proxy_case, unary_cases
 
     cases += row_cases(quick)
     cases += dispatch_cases(Case, best_time, quick)
     cases += [proxy_case(cases[0], quick), *unary_cases(n, quick)]
+    cases += block_cases(quick, cold_warm)
     if cold_warm:
         cases.append(_cold_warm_case())
     if models:

@@ -34,6 +34,11 @@ def test_quick_suite_runs_and_reports(capsys, tmp_path):
     for c in quant:  # the quantized weight moves fewer bytes than its f32 form
         assert c.notes["weight_MB"] < c.notes["f32_MB"] / 3
         assert c.notes["max_rel_err"] < 2e-2  # GEMV rounds the activation to int8
+    blocks = [c for c in cases if c.name.startswith(("attention scores GEMM",
+                                                      "attention values GEMM", "transformer"))]
+    assert len(blocks) == 3 and all(c.compiled > 0 and c.eager > 0 for c in blocks)
+    assert all(c.numpy > 0 for c in blocks[:2])
+    assert all(c.notes["max_rel_err"] < 1e-5 for c in blocks[:2])
     assert by_name["layer_norm"].notes["kernels"] == 1
     assert by_name["rms_norm"].notes["kernels"] == 1
     for c in cases:

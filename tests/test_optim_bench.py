@@ -7,7 +7,8 @@ from fucina import bench
 
 def test_training_rows_run_and_report():
     cases = bench.run_training_suite(quick=True, torch_compile=False)
-    assert [c.name.split(",")[0] for c in cases] == ["spirals step", "MLP 784-256-256-10 relu"]
+    assert [c.name.split(",")[0] for c in cases] == ["spirals step", "MLP 784-256-256-10 relu",
+                                                     "MLP 784-512-10 relu"]
     for c in cases:
         assert c.eager > 0 and c.compiled > 0
         assert c.notes["kernels"] >= 3  # forward and backward fused into a few kernels

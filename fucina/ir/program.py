@@ -19,9 +19,9 @@ import numpy as np
 
 from ..dtypes import DType
 from ..errors import InvalidDataLength
+from ..kernels import batched_gemm, gemm, reference, threads
 from ..kernels import cache as kcache
 from ..kernels import codegen as cg
-from ..kernels import gemm, reference, threads
 from ..runtime.raw import RawTensor, contiguous_strides
 from ..runtime.storage import (
     POOL,
@@ -533,7 +533,8 @@ class Program:
 
     def _gemm_runner(self, i: int, n: Node, p: Any, slot: int, fresh: bool
                      ) -> Callable[[list[Any], _Scratch], None]:
-        """A planned f32/f64 GEMM: ``np.matmul`` straight into the result's buffer.
+        """A planned f32/f64 GEMM (``np.matmul``, or the stacked kernel for a stack of small
+        f32 matrices: :func:`batched_gemm.matmul`) straight into the result's buffer.
 
         The matrix views are the ones :func:`gemm.contract` makes (the same shapes,
         strides and data); their layout is recorded on the first run and rebuilt
@@ -552,22 +553,23 @@ class Program:
         read_a, read_b = mats
         kept_out = not fresh and slot >= self._n_in
         key = (i, 2)
+        matmul = batched_gemm.matmul if len(out_shape) in (3, 4) else np.matmul
 
         def run(bufs: list[Any], scr: _Scratch) -> None:
             A = read_a(bufs, scr)
             B = read_b(bufs, scr)
             if fresh:
                 buf = bufs[slot] = POOL.take(dtype, count)
-                np.matmul(A, B, out=buf.reshape(out_shape))
+                matmul(A, B, buf.reshape(out_shape))
                 return
             buf = bufs[slot]
             if kept_out:
                 hit = scr.views.get(key)
                 if hit is None or hit[0] is not buf:
                     hit = scr.views[key] = (buf, buf.reshape(out_shape))
-                np.matmul(A, B, out=hit[1])
+                matmul(A, B, hit[1])
             else:
-                np.matmul(A, B, out=buf.reshape(out_shape))
+                matmul(A, B, buf.reshape(out_shape))
         return run
 
     def _matrix(self, i: int, j: int, v: Node, labels: tuple[int, ...], rows: tuple[int, ...],

@@ -1,0 +1,164 @@
+"""The stacked small-matrix GEMM kernel: every orientation, ragged sizes, strided and
+broadcast operands, against numpy (float64) and torch; eager == compiled through dot."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import fucina as F
+from fucina.kernels import batched_gemm as bg
+
+NB, M, N, K = 4, 37, 29, 20  # ragged: M % 6, N % 16 and K all non-trivial
+
+
+def _stored(rng: np.random.Generator, shape: tuple[int, int, int], order: str,
+            strided: bool) -> np.ndarray:
+    """A [b, r, c] view stored row-major ("rc") or transposed ("cr"), optionally with a
+    step of 2 along its last stored axis (no unit stride at all)."""
+    b, r, c = shape
+    store = (b, r, c) if order == "rc" else (b, c, r)
+    full = rng.standard_normal(store[:2] + (store[2] * (2 if strided else 1),))
+    x = full.astype(np.float32)[:, :, ::2] if strided else full.astype(np.float32)
+    return x if order == "rc" else x.transpose(0, 2, 1)
+
+
+def _ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+@pytest.mark.parametrize("a_order,b_order,c_order,strided", [
+    *[(a, b, c, False) for a, b, c in itertools.product(("rc", "cr"), repeat=3)],
+    ("rc", "rc", "rc", True), ("cr", "cr", "cr", True)])
+def test_every_orientation_matches_numpy(a_order, b_order, c_order, strided):
+    rng = np.random.default_rng(0)
+    a = _stored(rng, (NB, M, K), a_order, strided)
+    b = _stored(rng, (NB, K, N), b_order, strided)
+    out = np.full((NB, M, N) if c_order == "rc" else (NB, N, M), np.nan, np.float32)
+    out = out if c_order == "rc" else out.transpose(0, 2, 1)
+    assert bg.serves(a, b, out)
+    got = bg.matmul(a, b, out)
+    assert got is out
+    np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 16, 64), (6, 1, 300), (5, 17, 33), (64, 48, 64),
+                                   (12, 32, 1), (256, 256, 64)])
+def test_sizes_around_the_tiles(m, n, k):
+    rng = np.random.default_rng(m * 1000 + n)
+    nb = 2 + bg.MIN_WORK // (m * n * k)  # enough work to be served
+    a = rng.standard_normal((nb, m, k)).astype(np.float32)
+    b = rng.standard_normal((nb, n, k)).astype(np.float32).transpose(0, 2, 1)  # k-major
+    out = np.empty((nb, m, n), np.float32)
+    if not bg.serves(a, b, out):
+        pytest.fail(f"{(nb, m, n, k)} should be served by the stacked kernel")
+    bg.matmul(a, b, out)
+    np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-4 * max(1, k) ** 0.5)
+
+
+def test_broadcast_and_offset_operands():
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((5, M + 3, K + 2)).astype(np.float32)
+    a = big[1:4, 2:2 + M, 1:1 + K]                       # offset into a larger buffer
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    b = np.broadcast_to(w, (3, K, N))                    # batch stride 0
+    out = np.empty((3, M, N), np.float32)
+    bg.matmul(a, b, out)
+    np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-4)
+    flipped = a[::-1, ::-1]                              # negative strides
+    bg.matmul(flipped, b, out)
+    np.testing.assert_allclose(out, _ref(flipped, b), rtol=1e-5, atol=1e-4)
+
+
+def test_declines_what_it_does_not_serve():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((4, M, K))
+    b = rng.standard_normal((4, K, N))
+    out = np.empty((4, M, N))
+    assert not bg.serves(a, b, out)                      # float64: BLAS
+    bg.matmul(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12)
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    assert not bg.serves(a32[:1], b32[:1], out[:1].astype(np.float32))  # one matrix
+    big = np.empty((2, bg.MAX_DIM + 1, 8), np.float32)
+    assert not bg.serves(big, np.empty((2, 8, 16), np.float32),
+                         np.empty((2, bg.MAX_DIM + 1, 16), np.float32))
+    same = np.zeros((4, 40, 40), np.float32)             # output aliases an operand
+    assert not bg.serves(same, same[:, :, :40], same)
+
+
+def test_checks_before_the_kernel_runs():
+    a = np.ones((4, M, K), np.float32)
+    b = np.ones((4, K, N), np.float32)
+    with pytest.raises(ValueError, match="do not match"):
+        bg.matmul(a, b, np.empty((4, M, N + 1), np.float32))
+    ro = np.empty((4, M, N), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        bg.matmul(a, b, ro)
+
+
+@pytest.fixture(scope="module")
+def heads():
+    ctx = F.ExecContext()
+    q = F.Tensor("b", "h", "q", "d").randn(ctx, (2, 3, 40, 24), 1)
+    k = F.Tensor("b", "h", "k", "d").randn(ctx, (2, 3, 40, 24), 2)
+    v = F.Tensor("b", "h", "k", "d").randn(ctx, (2, 3, 40, 24), 3)
+    return q, k, v
+
+
+def test_attention_gemms_eager_compiled_numpy(heads):
+    q, k, v = heads
+
+    def attend(q, k, v):
+        s = q.dot(k, "d")
+        return s, s.dot(v, "k"), v.dot(s, "k")  # the last writes [b, h, d, q]
+
+    fast = F.compile(attend)
+    q0, k0, v0 = (x.numpy().astype(np.float64) for x in (q, k, v))
+    s0 = np.einsum("bhqd,bhkd->bhqk", q0, k0)
+    want = (s0, np.einsum("bhqk,bhkd->bhqd", s0, v0), np.einsum("bhkd,bhqk->bhdq", v0, s0))
+    eager = attend(q, k, v)
+    compiled = fast(q, k, v)
+    for e, c, w in zip(eager, compiled, want):
+        np.testing.assert_allclose(e.numpy(), w, rtol=1e-4, atol=1e-3)
+        np.testing.assert_array_equal(c.numpy(), e.numpy())
+
+
+def test_attention_gemms_match_torch(heads):
+    torch = pytest.importorskip("torch")
+    q, k, v = heads
+    tq, tk, tv = (torch.from_numpy(x.numpy()) for x in (q, k, v))
+    scores = q.dot(k, "d")
+    ts = tq @ tk.transpose(-1, -2)
+    np.testing.assert_allclose(scores.numpy(), ts.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(scores.dot(v, "k").numpy(), (ts @ tv).numpy(),
+                               rtol=1e-4, atol=1e-3)
+
+
+def test_two_batch_axes_that_do_not_fold():
+    # attention's [batch, seq, head, hd] projections: batch and head strides do not fold
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 19, 3, 24)).astype(np.float32)   # [b, s, h, d]
+    y = rng.standard_normal((2, 21, 3, 24)).astype(np.float32)
+    a = x.transpose(0, 2, 1, 3)                                  # [b, h, s, d]
+    b = y.transpose(0, 2, 3, 1)                                  # [b, h, d, t]
+    out = np.empty((2, 3, 19, 21), np.float32)
+    assert bg.serves(a, b, out)
+    bg.matmul(a, b, out)
+    np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-4)
+    assert not bg.serves(a, b[:1], out)                          # numpy broadcasts these
+
+
+def test_attention_from_token_major_projections():
+    ctx = F.ExecContext()
+    q = F.Tensor("batch", "seq", "head", "hd").randn(ctx, (2, 33, 3, 16), 4)
+    k = F.Tensor("batch", "key", "head", "hd").randn(ctx, (2, 35, 3, 16), 5)
+    fast = F.compile(lambda q, k: q.dot(k, "hd"))
+    want = np.einsum("bshd,bkhd->bhsk", q.numpy().astype(np.float64),
+                     k.numpy().astype(np.float64))
+    eager = q.dot(k, "hd")
+    np.testing.assert_allclose(eager.numpy(), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(fast(q, k).numpy(), eager.numpy())
