@@ -153,13 +153,17 @@ def _cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _helpers(children):
+    return [p.pid for p in children if p.name == "fucina-bench-busy" and p.is_alive()]
+
+
 def test_main_busy_runs_the_suite_under_spinning_helpers(monkeypatch, capsys, tmp_path):
     import multiprocessing
 
     seen = []
 
     def fake_suite(**kw):
-        seen.append([p.pid for p in multiprocessing.active_children() if p.is_alive()])
+        seen.append(_helpers(multiprocessing.active_children()))
         return [bench.Case("row", eager=1e-3)]
 
     monkeypatch.setattr(bench, "run_suite", fake_suite)
@@ -170,7 +174,7 @@ def test_main_busy_runs_the_suite_under_spinning_helpers(monkeypatch, capsys, tm
     assert "2 spinning helper processes" in capsys.readouterr().out
 
     def failing_suite(**kw):
-        seen.append([p.pid for p in multiprocessing.active_children() if p.is_alive()])
+        seen.append(_helpers(multiprocessing.active_children()))
         raise RuntimeError("a row failed")
 
     monkeypatch.setattr(bench, "run_suite", failing_suite)
