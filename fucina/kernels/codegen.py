@@ -21,6 +21,10 @@ sum over a leading or middle axis), the loops swap: the innermost kept axis is
 cut into blocks, and each block keeps a row of accumulators that the reduced
 axes stream whole contiguous rows into, instead of walking each output's
 reduced elements one huge stride apart.
+
+Accumulators: sums and products reassociate (``sf.add_reassoc``), float max/min
+use LLVM's NaN-propagating ``maximum``/``minimum`` (``sf.maximum_red``): both
+forms are reductions LLVM vectorizes, where a compare-and-branch max stays scalar.
 """
 
 from __future__ import annotations
