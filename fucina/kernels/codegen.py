@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .vecmath import wide_vectors
+
 #: Operand pattern per loop axis.
 BCAST, STRIDED, UNIT = "b", "s", "u"
 
@@ -222,6 +224,12 @@ def stored_value(spec: KernelSpec) -> int | None:
 #: each stage before the next: the scratch rows stay in L1.
 STRIP_BLOCK = 1024
 
+#: Whether pointwise chains are strip-mined (:func:`strip_stages`). Only with 512-bit
+#: vectors, where the fused tanh-then-sigmoid loop was measured to spill (issue 13); on
+#: an AVX2 Zen 3 the staged kernel measured no faster than the fused one, and 20%
+#: slower at 4M elements (a scratch allocation per block), so it stays off there.
+STRIP_MINING = wide_vectors()
+
 
 def strip_stages(spec: KernelSpec) -> list[list[int]]:
     """The stages of a strip-mined pointwise kernel (step indices), or [] to fuse as usual.
@@ -234,7 +242,7 @@ def strip_stages(spec: KernelSpec) -> list[list[int]]:
     each stage that reads them (the block is still in L1).
     """
     steps = spec.steps
-    if spec.nr != 0 or spec.nk == 0 or spec.uses_index:
+    if not STRIP_MINING or spec.nr != 0 or spec.nk == 0 or spec.uses_index:
         return []
     # Without reduced axes every step and output is kept-level.
     if any(st.kind not in ("load", "ew") or st.level != "kept" for st in steps) \
