@@ -131,8 +131,8 @@ tanh 4.7 ms vs np.tanh 11.3 ms (and 80 ms for a Numba loop calling
 throughput: exp/expm1 ~0.55 ns/element, log ~0.85, tanh ~1.0, erf ~1.2-1.5,
 sigmoid/silu ~1.7, sin/cos ~1.9, gelu_tanh ~2.6, erfc ~3.4, gelu_erf ~4.2
 (the float64 divisions and polynomials are the price of the <= 2 ulp tails).
-Issue 13 (docs/BENCHMARKS.md) cut tanh by ~25% and gelu_erf by ~20% (same
-values for tanh; gelu_erf now <= 1 ulp) on that machine.
+Issue 13 (docs/BENCHMARKS.md; in-cache thread CPU time on a loaded Zen 3):
+tanh 1.22 -> 1.13 ns/element (same values), gelu_erf 4.63 -> 4.42 (now <= 1 ulp).
 
 Vector width: LLVM's tuning for most AVX-512 CPUs prefers 256-bit vectors.
 Every function here marks its caller's LLVM function (and generated kernels
