@@ -158,6 +158,7 @@ __all__ = [
     "erf_f32",
     "erfc_f32",
     "exp_f32",
+    "exp_gate_f32",
     "expm1_f32",
     "fma_f32",
     "target_key",
@@ -439,6 +440,41 @@ def exp_f32(x):
     Signature: ``exp_f32(x: float32) -> float32``.
     """
     return _call_exp(np.float32(x))
+
+
+_GATE_LO = _F(-86.5)  # n >= -125, so 2**(n-1) is a normal float
+
+
+@_inl
+def _exp_gate(x):
+    """Body of :func:`exp_gate_f32`."""
+    xc = _EXP_HI if x > _EXP_HI else x
+    xc = _GATE_LO if xc < _GATE_LO else xc  # NaN passes both clamps
+    nf = np.rint(xc * _LOG2E)  # in [-125, 128]
+    r = fma_f32(nf, -_LN2_HI, xc)
+    r = fma_f32(nf, -_LN2_LO, r)
+    p = _exp_poly(r) + r + _ONE
+    # (2p) 2**(n-1): both scalings exact while the result is normal, as in _ldexp.
+    return (p + p) * _pow2(_I(nf) - _I(1))
+
+
+@_jit
+def _exp_gate_impl(x):
+    return _exp_gate(x)
+
+
+_call_exp_gate = _always_inline(_exp_gate_impl)
+
+
+@_pub
+def exp_gate_f32(x):
+    """``exp(x)`` for gates such as ``1 / (1 + exp(x))``: :func:`exp_f32`'s value for
+    ``x >= -86.5`` (inf above 88.72); below, ``exp(-86.5)`` (2.7e-38) stands in for
+    the smaller results, which leave ``1 + e`` at 1 all the same.
+    Cheaper than :func:`exp_f32` (one power of two). Signature:
+    ``exp_gate_f32(x: float32) -> float32``.
+    """
+    return _call_exp_gate(np.float32(x))
 
 
 _EXPM1_HI = _F(88.8)
