@@ -14,6 +14,12 @@ import fucina as F
 from fucina.kernels import codegen as cg
 
 
+@pytest.fixture(autouse=True)
+def _staged(monkeypatch):
+    """Strip-mining is on only for 512-bit targets: test it on every machine."""
+    monkeypatch.setattr(cg, "STRIP_MINING", True)
+
+
 def _both(fn, *args):
     """(staged result, fused result, staged kernel source) of ``fn`` compiled twice."""
     staged = F.compile(fn)

@@ -406,3 +406,21 @@ def test_kernel_cache_key_includes_the_target(monkeypatch):
     monkeypatch.setattr(cache, "_TARGET", cache._TARGET + "-other")
     b = cache.load(src)
     assert a.name != b.name
+
+
+def test_exp_gate_equals_exp_where_one_plus_it_changes():
+    """exp_gate_f32 is exp_f32 bit for bit for x >= -86.5; below, a tiny positive stand-in."""
+    loop = _fresh_loop(vm.exp_gate_f32, fastmath=True)
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32).view(F32)
+    x = np.concatenate([_lin(-86.5, 89.0), bits, np.array([INF, -INF, NAN, -86.5, 88.72284],
+                                                           dtype=F32)])
+    got = np.empty_like(x)
+    loop(x, got)
+    want = vm.vexp(x)
+    hi = ~(x < -86.5)  # NaN included
+    assert np.all((got[hi] == want[hi]) | (np.isnan(got[hi]) & np.isnan(want[hi])))
+    low = got[x < -86.5]
+    assert np.all((low > 0.0) & (low < 3e-38)) and np.all(F32(1.0) + low == F32(1.0))
+    asm = loop.inspect_asm(loop.signatures[0])
+    assert _PACKED_FMA.search(asm)

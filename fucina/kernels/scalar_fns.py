@@ -48,6 +48,8 @@ def _pick(name: str, fallback):
 
 
 _exp = _pick("exp_f32", math.exp)
+# Only 1 + exp(-x) is used by the gates: exp's denormal results need not be exact.
+_exp_gate = _pick("exp_gate_f32", math.exp)
 _expm1 = _pick("expm1_f32", math.expm1)
 _log = _pick("log_f32", math.log)
 _log1p = _pick("log1p_f32", math.log1p)
@@ -261,13 +263,13 @@ def sqrt(x):
 @njit(**_INLINE)
 def sigmoid(x):
     """1 / (1 + e^-x) (saturates to exactly 0 and 1)."""
-    return _F1 / (_F1 + _exp(-x))
+    return _F1 / (_F1 + _exp_gate(-x))
 
 
 @njit(**_INLINE)
 def silu(x):
     """x * sigmoid(x) (NaN at -inf, like torch)."""
-    return x / (_F1 + _exp(-x))
+    return x / (_F1 + _exp_gate(-x))
 
 
 @njit(**_INLINE)
