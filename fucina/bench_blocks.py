@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,27 +37,31 @@ def _gemm_cases(quick: bool) -> list[Case]:
     p = F.Tensor("b", "h", "q", "k").randn(ctx, (b, h, s, s), 24)
     mt = 0.1 if quick else 0.5
     q0, k0, v0, p0 = (x.numpy() for x in (q, k, v, p))
-    rows = [(f"attention scores GEMM [{b},{h},{s},{d}] q.k over d", lambda x, y: x.dot(y, "d"),
-             (q, k), "bhqd,bhkd->bhqk", (q0, k0),
-             lambda tx, ty: torch.matmul(tx, ty.transpose(-1, -2))),
-            (f"attention values GEMM [{b},{h},{s},{s}] p.v over k", lambda x, y: x.dot(y, "k"),
-             (p, v), "bhqk,bhkd->bhqd", (p0, v0), lambda tx, ty: torch.matmul(tx, ty))]
-    cases = []
-    for name, fn, args, spec, np_args, torch_fn in rows:
-        fast = F.compile(fn)
-        c = Case(name)
-        c.eager = best_time(lambda fn=fn, args=args: fn(*args), mt)
-        c.compiled = best_time(lambda fast=fast, args=args: fast(*args), mt)
-        c.numpy = best_time(lambda spec=spec, a=np_args: np.einsum(spec, *a, optimize=True), mt)
-        if torch is not None:
-            targs = tuple(torch.from_numpy(a) for a in np_args)
-            c.torch = best_time(lambda f=torch_fn, a=targs: f(*a), mt)
-        c.notes["gemm"] = fast.ir(*args).split("(gemm ")[1].split(")")[0]
-        want = np.einsum(spec, *(a.astype(np.float64) for a in np_args), optimize=True)
-        c.notes["max_rel_err"] = float(np.abs(fast(*args).numpy() - want).max()
-                                       / np.abs(want).max())
-        cases.append(c)
-    return cases
+    return [
+        _gemm_case(f"attention scores GEMM [{b},{h},{s},{d}] q.k over d",
+                   lambda x, y: x.dot(y, "d"), (q, k), "bhqd,bhkd->bhqk", (q0, k0),
+                   lambda tx, ty: torch.matmul(tx, ty.transpose(-1, -2)), mt),
+        _gemm_case(f"attention values GEMM [{b},{h},{s},{s}] p.v over k",
+                   lambda x, y: x.dot(y, "k"), (p, v), "bhqk,bhkd->bhqd", (p0, v0),
+                   lambda tx, ty: torch.matmul(tx, ty), mt)]
+
+
+def _gemm_case(name: str, fn: Callable[..., Any], args: tuple[Any, ...], spec: str,
+               np_args: tuple[np.ndarray, ...], torch_fn: Callable[..., Any],
+               mt: float) -> Case:
+    fast = F.compile(fn)
+    c = Case(name)
+    c.eager = best_time(lambda: fn(*args), mt)
+    c.compiled = best_time(lambda: fast(*args), mt)
+    c.numpy = best_time(lambda: np.einsum(spec, *np_args, optimize=True), mt)
+    if torch is not None:
+        targs = tuple(torch.from_numpy(a) for a in np_args)
+        c.torch = best_time(lambda: torch_fn(*targs), mt)
+    c.notes["gemm"] = fast.ir(*args).split("(gemm ")[1].split(")")[0]
+    want = np.einsum(spec, *(a.astype(np.float64) for a in np_args), optimize=True)
+    c.notes["max_rel_err"] = float(np.abs(fast(*args).numpy() - want).max()
+                                   / np.abs(want).max())
+    return c
 
 
 #: Transformer block sizes: batch, tokens, width, heads, FFN width.
