@@ -244,7 +244,7 @@ class _Matrix:
     view is the whole buffer reshaped (a raw tensor at offset 0 over a buffer of exactly
     ``size`` elements), the cheap case."""
 
-    __slots__ = ("shape", "strides", "rel", "size", "whole")
+    __slots__ = ("shape", "strides", "rel", "size", "whole", "small", "last")
 
     def __init__(self, view: np.ndarray, buf: np.ndarray, raw: RawTensor):
         self.shape = view.shape
@@ -253,12 +253,24 @@ class _Matrix:
                     - raw.offset * buf.itemsize)
         self.size = view.size
         self.whole = self.rel == 0 and view.flags.c_contiguous
+        # The last (buffer, offset, view) of a small operand: a weight used call after
+        # call keeps its view (a view, so in-place writes to the buffer still show).
+        # Only small buffers are held, so the table never pins much memory.
+        self.small = buf.nbytes < POOL_MIN_BYTES
+        self.last: tuple[Any, int, np.ndarray] | None = None
 
     def view(self, buf: np.ndarray, offset: int) -> np.ndarray:
+        last = self.last
+        if last is not None and last[0] is buf and last[1] == offset:
+            return last[2]
         if self.whole and offset == 0 and buf.size == self.size:
-            return buf.reshape(self.shape)
-        return np.ndarray(self.shape, buf.dtype, buffer=buf,
-                          offset=offset * buf.itemsize + self.rel, strides=self.strides)
+            v = buf.reshape(self.shape)
+        else:
+            v = np.ndarray(self.shape, buf.dtype, buffer=buf,
+                           offset=offset * buf.itemsize + self.rel, strides=self.strides)
+        if self.small and buf.nbytes < POOL_MIN_BYTES:
+            self.last = (buf, offset, v)
+        return v
 
 
 class _FastDot:
@@ -314,8 +326,11 @@ def dot(self: Any, other: Any, contract: Any) -> Any:
     else:
         A = f.a.view(ba, ra.offset)
         B = f.b.view(bb, rb.offset)
-    out = np.empty(f.count, f.np_dtype) if f.small else POOL.take(f.np_dtype, f.count)
-    np.matmul(A, B, out=out.reshape(f.out_shape))
+    if f.small:  # numpy's own fresh result (the same GEMM call as with out=)
+        out = np.matmul(A, B).reshape(-1)
+    else:
+        out = POOL.take(f.np_dtype, f.count)
+        np.matmul(A, B, out=out.reshape(f.out_shape))
     return _wrap(f, out, ctx, f.attrs.copy())
 
 
