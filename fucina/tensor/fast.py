@@ -173,13 +173,13 @@ def _learn_binary(self: Any, other: Any, fn: str, out: Any) -> None:
     _remember(key, (sn, on), "binary", {"fn": fn}, out)
 
 
-def _one(self: Any, key_head: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
-    """A one-operand op on the fast path (``key_head`` + shape + strides), or None."""
+def unary(self: Any, fn: str) -> Any:
+    """The parameterless ``unary`` op ``fn`` on the fast path, or None."""
     sn = self._node_
     if sn is None or sn.requires_grad:
         return None
     ra = sn.value
-    f = _FAST.get((*key_head, type(self), ra.shape, ra.strides))
+    f = _FAST.get(("unary", fn, type(self), ra.shape, ra.strides))
     if f is None:
         return None
     ctx = self._ctx
@@ -191,12 +191,7 @@ def _one(self: Any, key_head: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
         return None
     out = np.empty(f.count, f.np_dtype) if f.small else _alloc(f)
     f.entry(out, ba, ra.offset, *f.rest)
-    return _wrap(f, out, ctx, attrs)
-
-
-def unary(self: Any, fn: str) -> Any:
-    """The parameterless ``unary`` op ``fn`` on the fast path, or None."""
-    return _one(self, ("unary", fn), {"fn": fn})
+    return _wrap(f, out, ctx, {"fn": fn})
 
 
 def learn_unary(self: Any, fn: str, out: Any) -> None:
@@ -211,16 +206,23 @@ def learn_unary(self: Any, fn: str, out: Any) -> None:
 
 def reduce(self: Any, tag: Any, fn: str) -> Any:
     """The unmasked reduction ``fn`` over ``tag`` on the fast path, or None."""
-    if type(tag) is not str:
+    sn = self._node_
+    if sn is None or sn.requires_grad or type(tag) is not str:
         return None
-    f_attrs = _REDUCE_ATTRS.get((fn, tag, type(self)))
-    if f_attrs is None:
+    ra = sn.value
+    f = _FAST.get(("reduce", fn, tag, type(self), ra.shape, ra.strides))
+    if f is None:
         return None
-    return _one(self, ("reduce", fn, tag), f_attrs.copy())
-
-
-#: (fn, tag, type) -> the attributes of a remembered reduction's node.
-_REDUCE_ATTRS: dict[Any, dict[str, Any]] = {}
+    ctx = self._ctx
+    if ctx.closed or _local.tracer is not None:
+        return None
+    st = ra.storage
+    ba = st.buf
+    if ba is None or ba.dtype is not f.in_np[0] or st.borrowed:
+        return None
+    out = np.empty(f.count, f.np_dtype) if f.small else _alloc(f)
+    f.entry(out, ba, ra.offset, *f.rest)
+    return _wrap(f, out, ctx, f.attrs.copy())
 
 
 def learn_reduce(self: Any, tag: Any, fn: str, out: Any) -> None:
@@ -230,7 +232,6 @@ def learn_reduce(self: Any, tag: Any, fn: str, out: Any) -> None:
     if sn is None or node is None or type(tag) is not str:
         return
     ra = sn.value
-    _REDUCE_ATTRS[(fn, tag, type(self))] = dict(node.attrs)
     _remember(("reduce", fn, tag, type(self), ra.shape, ra.strides), (sn,), "reduce",
               node.attrs, out)
 
