@@ -75,12 +75,15 @@ def _is_tensor_type(t: Any) -> bool:
 class _Args:
     """A call's arguments split into tensor leaves, static values and a signature key."""
 
-    __slots__ = ("tensors", "statics", "key", "ctx_class")
+    __slots__ = ("tensors", "statics", "key", "ctx_class", "alias")
 
     def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
-        self.tensors: list[Any] = []
+        self.tensors: list[Any] = []  # each tensor object once, in first-occurrence order
         self.statics: list[Any] = []
         self.ctx_class: list[int] = []  # per tensor: index of the first tensor on its context
+        # id(tensor) -> its index in ``tensors``: one tensor passed in two places is one
+        # program input, so an in-place update or a take_* through one is seen by the other.
+        self.alias: dict[int, int] = {}
         ctxs: dict[int, int] = {}
         parts = [self._leaf(a, ctxs, "argument") for a in args]
         parts += [(k, self._leaf(kwargs[k], ctxs, f"argument {k!r}")) for k in sorted(kwargs)]
@@ -89,7 +92,11 @@ class _Args:
     def _leaf(self, a: Any, ctxs: dict[int, int], what: str) -> Any:
         if _is_tensor(a):
             node = a._node  # raises Deinitialized
+            seen = self.alias.get(id(a))
+            if seen is not None:
+                return ("A", seen)
             k = len(self.tensors)
+            self.alias[id(a)] = k
             self.tensors.append(a)
             cls = ctxs.setdefault(id(a._ctx), k)
             self.ctx_class.append(cls)
@@ -112,11 +119,10 @@ class _Args:
     def rebuild(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                 tensors: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The same argument structure with ``tensors`` in place of the tensor leaves."""
-        it = iter(tensors)
 
         def sub(a: Any) -> Any:
             if _is_tensor(a):
-                return next(it)
+                return tensors[self.alias[id(a)]]
             if isinstance(a, (tuple, list)):
                 return type(a)(sub(x) for x in a)
             if isinstance(a, dict):

@@ -191,11 +191,12 @@ def test_in_place_compiled_refusals(ctx):
         x.permute_to(("c", "r")), 1.0))
     with pytest.raises(TypeError, match="not a view made inside"):
         fast(_x(ctx))
-    # an argument written in place whose storage another argument shares
+    # an argument written in place whose storage another argument (a view of it) shares;
+    # the same tensor object passed twice is one input and runs (test below)
     both = F.compile(lambda x, y: (x.add_scaled_in_place(y, 1.0), y.scale(1.0))[1])
     x = _x(ctx)
     with pytest.raises(TypeError, match="shares"):
-        both(x, x)
+        both(x, x.permute_to(("c", "r")))
     np.testing.assert_array_equal(x.numpy(), X0)  # refused before anything ran
     y = _x(ctx)
     np.testing.assert_array_equal(both(x, y).numpy(), X0)
@@ -306,3 +307,41 @@ def test_take_never_writes_a_borrowed_buffer(ctx):
     y = x.take_scale_no_grad(2.0)
     np.testing.assert_array_equal(y.numpy(), 2 * X0)
     np.testing.assert_array_equal(arr, X0)
+
+
+def _update_then_read(x, y):
+    x.add_scaled_in_place(y, 1.0)
+    return y.scale(1.0)
+
+
+def test_one_tensor_passed_twice_is_one_program_input(ctx):
+    # Regression: each argument position became its own program input, so the read through
+    # the second position missed the in-place update made through the first.
+    fast = F.compile(_update_then_read)
+    for _ in range(2):  # traced call, then the cached program
+        xe, xc = _x(ctx), _x(ctx)
+        want = _update_then_read(xe, xe).numpy()
+        np.testing.assert_array_equal(fast(xc, xc).numpy(), want)
+        np.testing.assert_array_equal(xc.numpy(), xe.numpy())
+        np.testing.assert_array_equal(want, 2 * X0)
+    # two distinct tensors with equal values keep their own program inputs
+    xd, yd = _x(ctx), _x(ctx)
+    np.testing.assert_array_equal(fast(xd, yd).numpy(), X0)
+    np.testing.assert_array_equal(xd.numpy(), 2 * X0)
+    # the same tensor in a nested structure and a keyword is the same input too
+    g = F.compile(lambda xs, y: (xs[0].add_scaled_in_place(y, 2.0), y.scale(1.0))[1])
+    t = _x(ctx)
+    np.testing.assert_array_equal(g([t], y=t).numpy(), 3 * X0)
+
+
+def test_one_tensor_consumed_through_one_position_is_gone_in_the_other(ctx):
+    # Regression: compiled ran take_add_no_grad(x, x) on two program inputs and returned
+    # a value, where eager raises Deinitialized for the second use of the consumed tensor.
+    def f(x, y):
+        return x.take_scale_no_grad(2.0).add(y)
+
+    fast = F.compile(f)
+    for call in (f, fast):
+        t = _x(ctx)
+        with pytest.raises(F.Deinitialized):
+            call(t, t)
