@@ -95,6 +95,10 @@ def test_same_exceptions_after_the_signature_is_known(ctx):
             a.add(c)
         with pytest.raises(TypeError):
             a.add("x")
+        with pytest.raises(TypeError):  # a tensor type, not a tensor
+            a.add(R)
+        with pytest.raises(TypeError):
+            a.dot(R, "c")
         with pytest.raises(F.ShapeMismatch):
             a.add(R.from_numpy(ctx, arr(3, 3)))
         with pytest.raises(F.TagError):

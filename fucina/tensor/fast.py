@@ -133,8 +133,8 @@ def binary_op(slow: Callable[[Any, Any, str], Any]) -> Callable[[Any, Any, str],
 
     def binary(self: Any, other: Any, fn: str) -> Any:
         sn = self._node_
-        on = getattr(other, "_node_", None)
-        if sn is not None and on is not None and not (sn.requires_grad or on.requires_grad):
+        on = getattr(other, "_node_", None)  # (a tensor type has a slot descriptor there)
+        if sn is not None and type(on) is Node and not (sn.requires_grad or on.requires_grad):
             ctx = self._ctx
             ra = sn.value
             rb = on.value
@@ -301,8 +301,8 @@ class _FastDot:
 def dot(self: Any, other: Any, contract: Any) -> Any:
     """``self.dot(other, contract)`` on the fast path, or None."""
     sn = self._node_
-    on = getattr(other, "_node_", None)
-    if sn is None or on is None or sn.requires_grad or on.requires_grad:
+    on = getattr(other, "_node_", None)  # (a tensor type has a slot descriptor there)
+    if sn is None or type(on) is not Node or sn.requires_grad or on.requires_grad:
         return None
     ra = sn.value
     rb = on.value
