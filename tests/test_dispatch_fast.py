@@ -164,6 +164,12 @@ def test_other_dtypes_and_threads(ctx):
     for _ in range(2):
         np.testing.assert_array_equal(i.add(i).numpy(),
                                       np.array([2, 4, 6, -2], np.int32))
+    zero = F.Tensor("d", dtype="i32").from_slice(ctx, (4,), [1, 0, 1, 1])
+    one = F.Tensor("d", dtype="i32").from_slice(ctx, (4,), [1, 1, 1, 1])
+    for _ in range(2):  # integer division checks its divisor on every call
+        np.testing.assert_array_equal(i.div_trunc(one).numpy(), i.numpy())
+        with pytest.raises(F.DivisionByZero):
+            i.div_trunc(zero)
     d = F.Tensor("d", dtype="f64").from_slice(ctx, (3,), [0.5, 1.0, 2.0])
     for _ in range(2):
         np.testing.assert_array_equal(d.mul(d).numpy(), np.array([0.25, 1.0, 4.0]))
