@@ -735,13 +735,13 @@ class Compiled:
     # -- calling ---------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tracer = current_tracer()
-        if tracer is not None:
-            return self._inline(tracer, args, kwargs)
-        if not kwargs:
+        if not kwargs:  # the plain lane (it checks for an active tracer itself)
             hit = self._lane.call(args)
             if hit is not MISS:
                 return hit
+        tracer = current_tracer()
+        if tracer is not None:
+            return self._inline(tracer, args, kwargs)
         entry, a, found = self._lookup(args, kwargs)
         if entry.arg_writes or entry.consumed:
             _check_argument_updates(entry, a, found)

@@ -93,10 +93,21 @@ class PlainLane:
                     out = np.empty(one.count, one.dt) if small else POOL.take(one.dt, one.count)
                     oa, ob = ra.offset, rb.offset
                     fn(out, ba[oa:] if oa else ba, bb[ob:] if ob else bb, *one.tail)
+                    # RawTensor(Storage(out), ...) as OneKernel makes it, without the
+                    # constructors' call overhead (every slot set, as __init__ would)
+                    st: Any = _new(Storage if small else PooledStorage)
+                    st.buf = out
+                    st.refs = 1
+                    st.readonly = False
+                    st.borrowed = False
                     v = one.result
-                    return _wrap(route.out_type, RawTensor(
-                        Storage(out) if small else PooledStorage(out), v.dtype, v.shape,
-                        v.strides, v.offset), ctx)
+                    raw: Any = _new(RawTensor)
+                    raw.storage = st
+                    raw.dtype = v.dtype
+                    raw.shape = v.shape
+                    raw.strides = v.strides
+                    raw.offset = v.offset
+                    return _wrap(route.out_type, raw, ctx)
             if ra.storage.buf is None or rb.storage.buf is None:
                 return MISS
             raws = [ra, rb]

@@ -133,8 +133,8 @@ def binary_op(slow: Callable[[Any, Any, str], Any]) -> Callable[[Any, Any, str],
 
     def binary(self: Any, other: Any, fn: str) -> Any:
         sn = self._node_
-        on = getattr(other, "_node_", None)
-        if sn is not None and on is not None and not (sn.requires_grad or on.requires_grad):
+        on = getattr(other, "_node_", None)  # (a tensor type has a slot descriptor there)
+        if sn is not None and type(on) is Node and not (sn.requires_grad or on.requires_grad):
             ctx = self._ctx
             ra = sn.value
             rb = on.value
@@ -173,13 +173,13 @@ def _learn_binary(self: Any, other: Any, fn: str, out: Any) -> None:
     _remember(key, (sn, on), "binary", {"fn": fn}, out)
 
 
-def _one(self: Any, key_head: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
-    """A one-operand op on the fast path (``key_head`` + shape + strides), or None."""
+def unary(self: Any, fn: str) -> Any:
+    """The parameterless ``unary`` op ``fn`` on the fast path, or None."""
     sn = self._node_
     if sn is None or sn.requires_grad:
         return None
     ra = sn.value
-    f = _FAST.get((*key_head, type(self), ra.shape, ra.strides))
+    f = _FAST.get(("unary", fn, type(self), ra.shape, ra.strides))
     if f is None:
         return None
     ctx = self._ctx
@@ -191,12 +191,7 @@ def _one(self: Any, key_head: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
         return None
     out = np.empty(f.count, f.np_dtype) if f.small else _alloc(f)
     f.entry(out, ba, ra.offset, *f.rest)
-    return _wrap(f, out, ctx, attrs)
-
-
-def unary(self: Any, fn: str) -> Any:
-    """The parameterless ``unary`` op ``fn`` on the fast path, or None."""
-    return _one(self, ("unary", fn), {"fn": fn})
+    return _wrap(f, out, ctx, {"fn": fn})
 
 
 def learn_unary(self: Any, fn: str, out: Any) -> None:
@@ -211,16 +206,23 @@ def learn_unary(self: Any, fn: str, out: Any) -> None:
 
 def reduce(self: Any, tag: Any, fn: str) -> Any:
     """The unmasked reduction ``fn`` over ``tag`` on the fast path, or None."""
-    if type(tag) is not str:
+    sn = self._node_
+    if sn is None or sn.requires_grad or type(tag) is not str:
         return None
-    f_attrs = _REDUCE_ATTRS.get((fn, tag, type(self)))
-    if f_attrs is None:
+    ra = sn.value
+    f = _FAST.get(("reduce", fn, tag, type(self), ra.shape, ra.strides))
+    if f is None:
         return None
-    return _one(self, ("reduce", fn, tag), f_attrs.copy())
-
-
-#: (fn, tag, type) -> the attributes of a remembered reduction's node.
-_REDUCE_ATTRS: dict[Any, dict[str, Any]] = {}
+    ctx = self._ctx
+    if ctx.closed or _local.tracer is not None:
+        return None
+    st = ra.storage
+    ba = st.buf
+    if ba is None or ba.dtype is not f.in_np[0] or st.borrowed:
+        return None
+    out = np.empty(f.count, f.np_dtype) if f.small else _alloc(f)
+    f.entry(out, ba, ra.offset, *f.rest)
+    return _wrap(f, out, ctx, f.attrs.copy())
 
 
 def learn_reduce(self: Any, tag: Any, fn: str, out: Any) -> None:
@@ -230,7 +232,6 @@ def learn_reduce(self: Any, tag: Any, fn: str, out: Any) -> None:
     if sn is None or node is None or type(tag) is not str:
         return
     ra = sn.value
-    _REDUCE_ATTRS[(fn, tag, type(self))] = dict(node.attrs)
     _remember(("reduce", fn, tag, type(self), ra.shape, ra.strides), (sn,), "reduce",
               node.attrs, out)
 
@@ -244,7 +245,7 @@ class _Matrix:
     view is the whole buffer reshaped (a raw tensor at offset 0 over a buffer of exactly
     ``size`` elements), the cheap case."""
 
-    __slots__ = ("shape", "strides", "rel", "size", "whole")
+    __slots__ = ("shape", "strides", "rel", "size", "whole", "small", "last")
 
     def __init__(self, view: np.ndarray, buf: np.ndarray, raw: RawTensor):
         self.shape = view.shape
@@ -253,12 +254,24 @@ class _Matrix:
                     - raw.offset * buf.itemsize)
         self.size = view.size
         self.whole = self.rel == 0 and view.flags.c_contiguous
+        # The last (buffer, offset, view) of a small operand: a weight used call after
+        # call keeps its view (a view, so in-place writes to the buffer still show).
+        # Only small buffers are held, so the table never pins much memory.
+        self.small = buf.nbytes < POOL_MIN_BYTES
+        self.last: tuple[Any, int, np.ndarray] | None = None
 
     def view(self, buf: np.ndarray, offset: int) -> np.ndarray:
+        last = self.last
+        if last is not None and last[0] is buf and last[1] == offset:
+            return last[2]
         if self.whole and offset == 0 and buf.size == self.size:
-            return buf.reshape(self.shape)
-        return np.ndarray(self.shape, buf.dtype, buffer=buf,
-                          offset=offset * buf.itemsize + self.rel, strides=self.strides)
+            v = buf.reshape(self.shape)
+        else:
+            v = np.ndarray(self.shape, buf.dtype, buffer=buf,
+                           offset=offset * buf.itemsize + self.rel, strides=self.strides)
+        if self.small and buf.nbytes < POOL_MIN_BYTES:
+            self.last = (buf, offset, v)
+        return v
 
 
 class _FastDot:
@@ -288,8 +301,8 @@ class _FastDot:
 def dot(self: Any, other: Any, contract: Any) -> Any:
     """``self.dot(other, contract)`` on the fast path, or None."""
     sn = self._node_
-    on = getattr(other, "_node_", None)
-    if sn is None or on is None or sn.requires_grad or on.requires_grad:
+    on = getattr(other, "_node_", None)  # (a tensor type has a slot descriptor there)
+    if sn is None or type(on) is not Node or sn.requires_grad or on.requires_grad:
         return None
     ra = sn.value
     rb = on.value
@@ -314,8 +327,11 @@ def dot(self: Any, other: Any, contract: Any) -> Any:
     else:
         A = f.a.view(ba, ra.offset)
         B = f.b.view(bb, rb.offset)
-    out = np.empty(f.count, f.np_dtype) if f.small else POOL.take(f.np_dtype, f.count)
-    np.matmul(A, B, out=out.reshape(f.out_shape))
+    if f.small:  # numpy's own fresh result (the same GEMM call as with out=)
+        out = np.matmul(A, B).reshape(-1)
+    else:
+        out = POOL.take(f.np_dtype, f.count)
+        np.matmul(A, B, out=out.reshape(f.out_shape))
     return _wrap(f, out, ctx, f.attrs.copy())
 
 

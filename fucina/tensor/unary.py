@@ -76,11 +76,12 @@ def _unary_node(node: Node, fn: str, params: tuple[Any, ...] = ()) -> Node:
 
 
 def _apply(self: Any, fn: str, params: tuple[Any, ...] = ()) -> Any:
+    if not params:  # (a known signature is never a HALF type: see below)
+        hit = fast.unary(self, fn)
+        if hit is not None:
+            return hit
     if params or self.dtype in HALF:  # parameters, or a cast -> op -> cast program
         return float_op(self, lambda n: _unary_node(n, fn, params))
-    hit = fast.unary(self, fn)
-    if hit is not None:
-        return hit
     out = float_op(self, lambda n: _unary_node(n, fn))
     fast.learn_unary(self, fn, out)
     return out
