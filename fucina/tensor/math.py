@@ -83,6 +83,7 @@ def _binary(self: Any, other: Any, fn: str) -> Any:
         check_tensor(other)
         raise
     if other._ctx is not self._ctx:
+        check_tensor(other)  # a tensor type (a class) reads as a foreign context
         same_ctx(self, other)
     key = (fn, type(self), type(other), sn.value.shape, on.value.shape)
     plans = BIN_PLANS
