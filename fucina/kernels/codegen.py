@@ -53,10 +53,7 @@ _CTOR = {
 # value recomputed in two loops (or two kernels) must round the same both times, or a
 # max/min gradient's ``x == max`` mask matches nothing; only the reduction accumulators
 # reassociate (``sf.add_reassoc``/``sf.mul_reassoc``), which is what vectorizes them.
-# No contract: fusing ``x*w + 1`` into one FMA rounds once where eager's two kernels round
-# twice, and compiled must equal eager bit for bit. (The vecmath/scalar_fns bodies keep
-# their own flags and explicit FMAs: those are the same in both.)
-FASTMATH = '{"nsz", "afn"}'
+FASTMATH = '{"nsz", "contract", "afn"}'
 
 
 @dataclass(frozen=True)
