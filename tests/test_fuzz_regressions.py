@@ -129,3 +129,16 @@ def test_detach_inside_compile_keeps_what_it_views(ctx):
     np.testing.assert_array_equal(read(a).numpy(), [2.0, -1.0, 4.0])
     box["t"] = D.from_slice(ctx, (3,), [10.0, 10.0, 10.0])
     np.testing.assert_array_equal(read(a).numpy(), [11.0, 8.0, 13.0])
+
+
+def test_masked_scatter_rejects_a_non_tag_values_tag(ctx):
+    # Found by test_fuzz_api: an array passed as values_tag reached a tuple comparison and
+    # raised numpy's "truth value of an array is ambiguous" instead of naming the argument.
+    D = F.Tensor("d")
+    x = D.from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+    mask = D.from_slice(ctx, (3,), [1.0, 0.0, 1.0])
+    v = F.Tensor("v").from_slice(ctx, (2,), [7.0, 8.0])
+    for bad in (np.array([1, 2]), 3, v):
+        with pytest.raises(TypeError, match="values_tag"):
+            x.masked_scatter(mask, bad, v)
+    np.testing.assert_array_equal(x.masked_scatter(mask, "v", v).numpy(), [7.0, 2.0, 8.0])

@@ -506,6 +506,7 @@ class IndexedOps(Tensor):
 
     def masked_scatter(self, mask: Tensor, values_tag: str, values: Tensor) -> Self:
         """Copy of self with rank-1 ``values`` written where ``mask`` is nonzero (row-major)."""
+        T.check_tag(values_tag)
         flags = _mask_flags(self, mask, "masked_scatter")
         check_tensor(values, "values")
         same_ctx(self, values)
