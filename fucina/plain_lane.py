@@ -24,6 +24,7 @@ from .runtime.gradmode import _state as _grad
 from .runtime.gradmode import is_grad_enabled
 from .runtime.raw import RawTensor
 from .runtime.storage import POOL, PooledStorage, Storage
+from .tensor.fast import tensor_of
 
 #: Signatures one compiled function keeps in its lane (emptied when it grows past this).
 LANE_SIZE = 64
@@ -196,15 +197,4 @@ def _wrap(typ: Any, raw: RawTensor, ctx: Any) -> Any:
     node.tags = typ.axis_tags
     node.requires_grad = False
     node.grad = None
-    obj = _new(typ)
-    obj._node_ = node
-    obj._ctx = ctx
-    obj._scoped = False
-    try:
-        scopes = ctx._local.scopes  # this thread's open exec scopes
-    except AttributeError:  # none made on this thread yet (the property makes the list)
-        scopes = ctx._scopes
-    if scopes:
-        scopes[-1].append(obj)
-        obj._scoped = True
-    return obj
+    return tensor_of(typ, node, ctx)

@@ -108,7 +108,13 @@ def _wrap(f: Any, out: np.ndarray, ctx: Any, attrs: dict[str, Any]) -> Any:
     node.tags = f.tags
     node.requires_grad = False
     node.grad = None
-    obj: Any = _new(f.cls)
+    return tensor_of(f.cls, node, ctx)
+
+
+def tensor_of(cls: Any, node: Node, ctx: Any) -> Any:
+    """A ``cls`` tensor on ``node``, owned by ``ctx``'s innermost open exec scope if any:
+    what ``cls._from_node(node, ctx, op_result=True)`` makes, without its call overhead."""
+    obj: Any = _new(cls)
     obj._node_ = node
     obj._ctx = ctx
     obj._scoped = False
@@ -180,18 +186,7 @@ def unary(self: Any, fn: str) -> Any:
         return None
     ra = sn.value
     f = _FAST.get(("unary", fn, type(self), ra.shape, ra.strides))
-    if f is None:
-        return None
-    ctx = self._ctx
-    if ctx.closed or _local.tracer is not None:
-        return None
-    st = ra.storage
-    ba = st.buf
-    if ba is None or ba.dtype is not f.in_np[0] or st.borrowed:
-        return None
-    out = np.empty(f.count, f.np_dtype) if f.small else _alloc(f)
-    f.entry(out, ba, ra.offset, *f.rest)
-    return _wrap(f, out, ctx, {"fn": fn})
+    return None if f is None else _run_one(self, ra, f)
 
 
 def learn_unary(self: Any, fn: str, out: Any) -> None:
@@ -211,8 +206,12 @@ def reduce(self: Any, tag: Any, fn: str) -> Any:
         return None
     ra = sn.value
     f = _FAST.get(("reduce", fn, tag, type(self), ra.shape, ra.strides))
-    if f is None:
-        return None
+    return None if f is None else _run_one(self, ra, f)
+
+
+def _run_one(self: Any, ra: RawTensor, f: _Fast) -> Any:
+    """A remembered one-input op on ``self`` (raw ``ra``), or None where the normal
+    path must decide (closed context, tracing, another buffer dtype, borrowed)."""
     ctx = self._ctx
     if ctx.closed or _local.tracer is not None:
         return None
