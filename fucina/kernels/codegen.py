@@ -22,15 +22,22 @@ cut into blocks, and each block keeps a row of accumulators that the reduced
 axes stream whole contiguous rows into, instead of walking each output's
 reduced elements one huge stride apart.
 
-Accumulators: sums and products reassociate (``sf.add_reassoc``), float max/min
-use LLVM's NaN-propagating ``maximum``/``minimum`` (``sf.maximum_red``): both
-forms are reductions LLVM vectorizes, where a compare-and-branch max stays scalar.
+Accumulators: float sums and products add in the fixed lane order of
+:mod:`fucina.kernels.lanes` (element ``t`` of the reduced axes into lane
+``t % L``, one fixed tree at the end), whatever the loop body: a sum fed by
+fused producers (compiled) and the same sum over a materialized tensor (eager)
+agree bit for bit. A unit-stride row is summed in place; fused producer values
+go through a small stack row (``ln.scratch``) first. Integer sums and products
+are exact and reassociate (``sf.add_reassoc``); float max/min use LLVM's
+NaN-propagating ``maximum``/``minimum`` (``sf.maximum_red``), exact in any order.
+Both forms are reductions LLVM vectorizes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .lanes import LANES, SCRATCH
 from .vecmath import wide_vectors
 
 #: Operand pattern per loop axis.
@@ -51,9 +58,9 @@ _CTOR = {
 # either: it turns a loop-invariant ``x / d`` into ``x * (1 / d)``, which is inf for a
 # tiny d (1e-40) where the quotient itself is finite. No reassoc on the kernel body: a
 # value recomputed in two loops (or two kernels) must round the same both times, or a
-# max/min gradient's ``x == max`` mask matches nothing; only the reduction accumulators
-# reassociate (``sf.add_reassoc``/``sf.mul_reassoc``), which is what vectorizes them.
-FASTMATH = '{"nsz", "contract", "afn"}'
+# max/min gradient's ``x == max`` mask matches nothing. No contract: a fused ``x*w + 1``
+# would become one FMA (one rounding) where eager's two kernels round twice.
+FASTMATH = '{"nsz", "afn"}'
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,18 @@ def _reduce_init(fn: str, dtype: str) -> str:
     raise KeyError(fn)
 
 
+def lane_reduction(st: Step) -> bool:
+    """Whether reduce step ``st`` adds in the fixed lane order (float sum/mean/prod)."""
+    return st.kind == "reduce" and st.dtype in FLOAT_DTYPES and st.fn in ("sum", "mean", "prod")
+
+
+def _lane_names(st: Step) -> tuple[str, str, str]:
+    """(starting value, run intrinsic, total intrinsic) of a lane reduction."""
+    if st.fn == "prod":
+        return f"{_CTOR[st.dtype]}(1)", "ln.mul_run", "ln.total_mul"
+    return f"{_CTOR[st.dtype]}(0)", "ln.add_run", "ln.total_add"
+
+
 def _reduce_update(fn: str, acc: str, val: str, dtype: str) -> str:
     if fn in ("sum", "mean"):
         return f"{acc} = sf.add_reassoc({acc}, {val})"
@@ -174,7 +193,8 @@ SWAP_MIN, SWAP_MAX = 512, 2048
 def swap_block(spec: KernelSpec) -> int:
     """Outputs per block of a swapped kernel: its kept rows share :data:`SWAP_BYTES`."""
     size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "int16": 2, "uint16": 2}
-    row = sum(size.get(st.dtype, 1) for st in spec.steps if st.level == "kept")
+    row = sum(size.get(st.dtype, 1) * (LANES[st.dtype] if lane_reduction(st) else 1)
+              for st in spec.steps if st.level == "kept")
     blk = SWAP_MAX
     while blk > SWAP_MIN and blk * row > SWAP_BYTES:
         blk //= 2
@@ -306,6 +326,7 @@ def generate(spec: KernelSpec) -> str:
     w(0, "from numba import njit, prange")
     w(0, "from fucina.kernels import scalar_fns as sf")
     w(0, "from fucina.kernels import vecmath as vm")
+    w(0, "from fucina.kernels import lanes as ln")
     if spec.user_fns:
         w(0, "from fucina.kernels import user_fns as uf")
         w(0, "")
@@ -400,25 +421,84 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
                 emit(depth, k, inner=False)
                 done.add(k)
 
+    def unit_run(op: Operand, dtype: str) -> bool:
+        # A row the lanes can add in place: one reduced axis, unit stride, same dtype.
+        return nr == 1 and op.pattern[nk] == UNIT and op.dtype == dtype
+
     emit_kept(0)
     for phase in range(1, nphases + 1):
         reds = [k for k, st in enumerate(steps) if st.kind == "reduce" and kept_phase[k] == phase]
+        last_phase = stored is not None and phase == nphases
+        direct: dict[int, str] = {}  # lane reduction -> the unit-stride row it adds in place
+        after: dict[int, str] = {}  # lane reduction -> the output row it adds after the loop
+        scratch: list[int] = []  # lane reductions of fused values, through a stack row
         for k in reds:
-            w(depth, f"v{k} = {_reduce_init(steps[k].fn, steps[k].dtype)}")
-        d = depth
-        for a in range(nr):
-            w(d, f"for r{a} in range(n{nk + a}):")
-            d += 1
-        for f in _closure(steps, [steps[k].arg for k in reds], "full"):
-            emit(d, f, inner=True)
-        for k in reds:
-            w(d, _reduce_update(steps[k].fn, f"v{k}", f"v{steps[k].arg}", steps[k].dtype))
-        if stored is not None and phase == nphases:
-            op, _, name = full_outs[0]
-            idx = _index_expr(name, op.pattern, raxes, rloops, f"b_{name}")
-            w(d, f"{name}[np.uint64({idx})] = v{stored}")
+            st = steps[k]
+            if not lane_reduction(st) or nr == 0:  # nr 0: one element, no order to fix
+                w(depth, f"v{k} = {_reduce_init(st.fn, st.dtype)}")
+                continue
+            w(depth, f"l{k} = ln.splat({_lane_names(st)[0]})")
+            src = steps[st.arg]
+            if src.kind == "load" and unit_run(spec.inputs[src.arg], st.dtype):
+                direct[k] = names_in[src.arg]
+            elif last_phase and st.arg == stored and unit_run(full_outs[0][0], st.dtype):
+                after[k] = full_outs[0][2]
+            else:
+                scratch.append(k)
+                w(depth, f"s{k} = ln.scratch({_lane_names(st)[0]})")
+        for k, name in direct.items():
+            run = _lane_names(steps[k])[1]
+            w(depth, f"l{k} = {run}(l{k}, {name}, b_{name}, n{nk})")
+        looped = [k for k in reds if k not in direct and k not in after and k not in scratch]
+        if looped or scratch or last_phase:
+            d = depth
+            if scratch:
+                w(d, "p = 0")
+            for a in range(nr - 1 if scratch else nr):
+                w(d, f"for r{a} in range(n{nk + a}):")
+                d += 1
+            if scratch:
+                # The innermost reduced axis in segments that fill the scratch rows to
+                # SCRATCH (a multiple of the lane count): element t of the reduction lands
+                # at scratch position t % SCRATCH, so each run starts on lane 0.
+                a = nr - 1
+                w(d, "q = 0")
+                w(d, f"while q < n{nk + a}:")
+                w(d + 1, f"seg = min({SCRATCH} - p, n{nk + a} - q)")
+                w(d + 1, "for j in range(seg):")
+                inner = d + 2
+                w(inner, f"r{a} = q + j")
+            else:
+                inner = d
+            need = [steps[k].arg for k in looped + scratch]
+            if last_phase:
+                need.append(stored)  # type: ignore[arg-type]
+            for f in _closure(steps, need, "full"):
+                emit(inner, f, inner=True)
+            for k in looped:
+                w(inner, _reduce_update(steps[k].fn, f"v{k}", f"v{steps[k].arg}",
+                                        steps[k].dtype))
+            for k in scratch:
+                w(inner, f"s{k}[np.uint64(p + j)] = v{steps[k].arg}")
+            if last_phase:
+                op, _, name = full_outs[0]
+                idx = _index_expr(name, op.pattern, raxes, rloops, f"b_{name}")
+                w(inner, f"{name}[np.uint64({idx})] = v{stored}")
+            if scratch:
+                w(d + 1, "p += seg")
+                w(d + 1, "q += seg")
+                w(d + 1, f"if p == {SCRATCH}:")
+                for k in scratch:
+                    w(d + 2, f"l{k} = {_lane_names(steps[k])[1]}(l{k}, s{k}, 0, {SCRATCH})")
+                w(d + 2, "p = 0")
+                for k in scratch:
+                    w(depth, f"l{k} = {_lane_names(steps[k])[1]}(l{k}, s{k}, 0, p)")
+        for k, name in after.items():
+            w(depth, f"l{k} = {_lane_names(steps[k])[1]}(l{k}, {name}, b_{name}, n{nk})")
         for k in reds:
             done.add(k)
+            if lane_reduction(steps[k]) and nr > 0:
+                w(depth, f"v{k} = {_lane_names(steps[k])[2]}(l{k})")
             if steps[k].fn == "mean":
                 count = " * ".join(f"n{nk + a}" for a in range(nr)) or "1"
                 w(depth, f"v{k} = v{k} / {_CTOR[steps[k].dtype]}({count})")
@@ -466,8 +546,15 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
     w(depth, f"kl = min({blk}, n{last} - k{last})")
     _bases(spec, w, operands, depth)
     kept = [k for k, st in enumerate(steps) if st.level == "kept"]
+    lane_counts = sorted({LANES[steps[k].dtype] for k in kept if lane_reduction(steps[k])})
+    if lane_counts:
+        # A lane reduction keeps a row of the block per lane it uses: min(L, elements).
+        total = " * ".join(f"n{nk + a}" for a in range(nr))
+        for nl in lane_counts:
+            w(depth, f"m_{nl} = min({nl}, {total})")
     for k in kept:
-        w(depth, f"a{k} = np.empty({blk}, {_CTOR[steps[k].dtype]})")
+        rows = f"max(m_{LANES[steps[k].dtype]}, 1) * " if lane_reduction(steps[k]) else ""
+        w(depth, f"a{k} = np.empty({rows}{blk}, {_CTOR[steps[k].dtype]})")
     axes = list(range(nk, nk + nr)) + [last]
     loops = [f"r{a}" for a in range(nr)] + ["j"]
 
@@ -507,20 +594,69 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
     emit_kept(0)
     for phase in range(1, nphases + 1):
         reds = [k for k in kept if steps[k].kind == "reduce" and kept_phase[k] == phase]
-        w(depth, "for j in range(kl):")
+        lane_reds = [k for k in reds if lane_reduction(steps[k])]
+        counts = sorted({LANES[steps[k].dtype] for k in lane_reds})
+        # One lane count: the first L reduced steps write their lane rows (no fill).
+        write_first = len(counts) == 1
         for k in reds:
-            w(depth + 1, f"a{k}[j] = {_reduce_init(steps[k].fn, steps[k].dtype)}")
-        d = open_reduced()
+            if k in lane_reds and write_first:
+                continue
+            init = _lane_names(steps[k])[0] if k in lane_reds else \
+                _reduce_init(steps[k].fn, steps[k].dtype)
+            w(depth, f"a{k}[:] = {init}")
+        d = depth
+        if lane_reds:
+            w(d, "t = 0")
+        for a in range(nr):
+            w(d, f"for r{a} in range(n{nk + a}):")
+            d += 1
+        if lane_reds:
+            # Reduced step t goes to lane row t % L of a lane reduction (L its lane count).
+            for nl in counts:
+                w(d, f"lo_{nl} = (t % {nl}) * {blk}")
+            if write_first:
+                w(d, f"first = t < {counts[0]}")
+            w(d, "t += 1")
         closure = _closure(steps, [steps[k].arg for k in reds], "full")
-        rebind(d, closure, set())
-        for f in closure:
-            _emit_step(spec, w, names_in, d, f, axes, loops)
-        for k in reds:
-            w(d, _reduce_update(steps[k].fn, f"a{k}[j]", f"v{steps[k].arg}", steps[k].dtype))
-        if stored is not None and phase == nphases:
-            op, _, name = full_outs[0]
-            idx = _index_expr(name, op.pattern, axes, loops, f"b_{name}")
-            w(d, f"{name}[np.uint64({idx})] = v{stored}")
+
+        # With write_first the loop is written twice: the first L steps assign.
+        variants = [("if first:", d + 2, True), ("else:", d + 2, False)] if write_first \
+            else [("", d + 1, False)]
+        for head, dj, first in variants:
+            if head:
+                w(d, head)
+            w(dj - 1, "for j in range(kl):")
+            rebind(dj, closure, set())
+            for f in closure:
+                _emit_step(spec, w, names_in, dj, f, axes, loops)
+            for k in reds:
+                val = f"v{steps[k].arg}"
+                if k in lane_reds:
+                    op = "*" if steps[k].fn == "prod" else "+"
+                    at = f"a{k}[np.uint64(lo_{LANES[steps[k].dtype]} + j)]"
+                    w(dj, f"{at} = {val}" if first else f"{at} = {at} {op} {val}")
+                else:
+                    w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
+            if stored is not None and phase == nphases:
+                op_, _, name = full_outs[0]
+                idx = _index_expr(name, op_.pattern, axes, loops, f"b_{name}")
+                w(dj, f"{name}[np.uint64({idx})] = v{stored}")
+        for nl in counts:
+            # The lanes' halving tree over the lane rows (row i with row i + h), a
+            # vector loop per pair; rows from m on hold the identity and are skipped.
+            ks = [k for k in lane_reds if LANES[steps[k].dtype] == nl]
+            w(depth, f"hh = {nl // 2}")
+            w(depth, "while hh >= 1:")
+            w(depth + 1, "for lr in range(hh):")
+            w(depth + 2, f"if lr + hh < m_{nl}:")
+            w(depth + 3, f"lb = lr * {blk}")
+            w(depth + 3, f"hb = (lr + hh) * {blk}")
+            w(depth + 3, "for j in range(kl):")
+            for k in ks:
+                op = "*" if steps[k].fn == "prod" else "+"
+                w(depth + 4, f"a{k}[np.uint64(lb + j)] = a{k}[np.uint64(lb + j)] {op} "
+                             f"a{k}[np.uint64(hb + j)]")
+            w(depth + 1, "hh //= 2")
         means = [k for k in reds if steps[k].fn == "mean"]
         if means:
             count = " * ".join(f"n{nk + a}" for a in range(nr))

@@ -1,0 +1,181 @@
+"""Float sums and products in a fixed order: L lanes, combined by one fixed tree.
+
+A generated kernel's float sum used to be a reassociating scalar accumulator
+that LLVM vectorized as it saw fit: the lane count and interleave it picked
+depend on the loop body, so a sum fed by a fused producer (compiled) added in
+another order than the same sum over a materialized tensor (eager). Here the
+order is part of the definition instead: element ``t`` of a reduction (``t``
+the flat index over its reduced axes, in loop order) goes to lane ``t % L``
+(``L`` = :data:`LANES` of the dtype), each lane adds its elements in
+increasing ``t``, and the lanes combine by the halving tree of
+:func:`total_add`. Every kernel shape (a direct run over a unit-stride row, a
+scratch row of fused producer values, the swapped accumulator rows) computes
+exactly that, so eager and compiled agree bit for bit.
+
+The lanes are an LLVM ``<L x T>`` vector (four ymm registers on AVX2, two
+zmm on AVX-512) added without fast-math flags, so no target reorders them. A
+:class:`Lanes` value is that vector itself, so a loop carries it in registers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+#: Lanes per reduction, by dtype: element t adds into lane ``t % LANES[dtype]``. Four
+#: independent ymm chains on AVX2 (two zmm on AVX-512) hide most of the add latency,
+#: while a swapped kernel (one lane row per lane) stays small.
+LANES = {"float32": 32, "float64": 16}
+#: Elements in a scratch row of producer values (a multiple of every lane count).
+SCRATCH = 256
+
+_I64 = ir.IntType(64)
+_I32 = ir.IntType(32)
+
+
+class Lanes(types.Type):
+    """The lanes of one float reduction: an LLVM ``<L x T>`` vector value."""
+
+    def __init__(self, dtype: types.Float) -> None:
+        self.dtype = dtype
+        self.count = LANES[str(dtype)]
+        super().__init__(name=f"Lanes({dtype} x {self.count})")
+
+
+@register_model(Lanes)
+class _LanesModel(models.PrimitiveModel):
+    def __init__(self, dmm: Any, fe_type: Lanes) -> None:
+        fty = dmm.lookup(fe_type.dtype).get_value_type()
+        super().__init__(dmm, fe_type, ir.VectorType(fty, fe_type.count))
+
+
+def _has_lanes(ty: Any) -> bool:
+    return isinstance(ty, types.Float) and str(ty) in LANES
+
+
+@intrinsic
+def splat(typingctx: Any, x: Any) -> Any:
+    """Every lane holding ``x`` (a float): the starting lanes of a sum (0) or product (1)."""
+    if not _has_lanes(x):
+        return None
+    sig = Lanes(x)(x)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        n = signature.return_type.count
+        vec = ir.Constant(ir.VectorType(args[0].type, n), ir.Undefined)
+        for i in range(n):
+            vec = builder.insert_element(vec, args[0], ir.Constant(_I32, i))
+        return vec
+
+    return sig, codegen
+
+
+def _run(which: str) -> Any:
+    def typer(typingctx: Any, acc: Any, arr: Any, start: Any, n: Any) -> Any:
+        if not (isinstance(acc, Lanes) and isinstance(arr, types.Array) and arr.ndim == 1
+                and arr.dtype == acc.dtype and isinstance(start, types.Integer)
+                and isinstance(n, types.Integer)):
+            return None
+        sig = acc(acc, arr, start, n)
+
+        def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+            accv, aryv, start_v, n_v = args
+            aryty = signature.args[1]
+            start_v = context.cast(builder, start_v, signature.args[2], types.int64)
+            n_v = context.cast(builder, n_v, signature.args[3], types.int64)
+            ary = context.make_array(aryty)(context, builder, aryv)
+            fty = context.get_value_type(aryty.dtype)
+            nl = signature.args[0].count
+            vty = ir.VectorType(fty, nl)
+            align = context.get_abi_sizeof(fty)
+            base = builder.gep(ary.data, [start_v])
+            lanes = cgutils.alloca_once_value(builder, accv)
+            op = builder.fadd if which == "add" else builder.fmul
+            nv = builder.udiv(n_v, ir.Constant(_I64, nl))
+            # Whole groups of lanes: one vector op per group, no fast-math flags, so no
+            # target reorders the adds.
+            with cgutils.for_range(builder, nv) as loop:
+                p = builder.gep(base, [builder.mul(loop.index, ir.Constant(_I64, nl))])
+                x = builder.load(builder.bitcast(p, vty.as_pointer()), align=align)
+                builder.store(op(builder.load(lanes), x), lanes)
+            done = builder.mul(nv, ir.Constant(_I64, nl))
+            # The tail: element done + j goes to lane j.
+            with cgutils.for_range(builder, builder.sub(n_v, done)) as loop:
+                j = loop.index
+                x = builder.load(builder.gep(base, [builder.add(done, j)]))
+                cur = builder.load(lanes)
+                lane = builder.extract_element(cur, j)
+                builder.store(builder.insert_element(cur, op(lane, x), j), lanes)
+            return builder.load(lanes)
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+#: ``add_run(lanes, arr, start, n)``: add ``arr[start + i]`` into lane ``i % L``, for i < n
+#: (L the dtype's lane count). ``start`` must be where the reduction's flat index is a
+#: multiple of L (or the run's end).
+add_run = _run("add")
+#: ``mul_run(lanes, arr, start, n)``: the product form of :data:`add_run`.
+mul_run = _run("mul")
+
+
+def _total(which: str) -> Any:
+    def typer(typingctx: Any, acc: Any) -> Any:
+        if not isinstance(acc, Lanes):
+            return None
+        sig = acc.dtype(acc)
+
+        def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+            n = signature.args[0].count
+            vec = args[0]
+            op = builder.fadd if which == "add" else builder.fmul
+            # Halving tree: lane i combines with lane i + n/2, then i + n/4, ... (vector ops).
+            while n > 1:
+                n //= 2
+                mask = ir.VectorType(_I32, n)
+                lo = builder.shuffle_vector(vec, vec, ir.Constant(mask, list(range(n))))
+                hi = builder.shuffle_vector(vec, vec, ir.Constant(mask, list(range(n, 2 * n))))
+                vec = op(lo, hi)
+            return builder.extract_element(vec, ir.Constant(_I32, 0))
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+#: The sum of the lanes by a fixed halving tree (lane i + lane i + L/2, and so on).
+total_add = _total("add")
+#: The product of the lanes by the same tree.
+total_mul = _total("mul")
+
+
+@intrinsic
+def scratch(typingctx: Any, proto: Any) -> Any:
+    """A row of :data:`SCRATCH` elements of ``proto``'s float type on the stack.
+
+    Allocated once in the calling function's entry block (a ``prange`` body is
+    its own function, so each thread has its own), never on the heap.
+    """
+    if not isinstance(proto, types.Float):
+        return None
+    arrty = types.Array(proto, 1, "C")
+    sig = arrty(proto)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        fty = context.get_value_type(proto)
+        buf = cgutils.alloca_once(builder, fty, size=SCRATCH, name="lane_scratch")
+        ary = context.make_array(arrty)(context, builder)
+        itemsize = context.get_abi_sizeof(fty)
+        intp = context.get_value_type(types.intp)
+        context.populate_array(ary, data=buf, shape=[ir.Constant(intp, SCRATCH)],
+                               strides=[ir.Constant(intp, itemsize)],
+                               itemsize=ir.Constant(intp, itemsize), meminfo=None)
+        return ary._getvalue()
+
+    return sig, codegen
