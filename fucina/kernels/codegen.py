@@ -632,9 +632,9 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             for k in reds:
                 val = f"v{steps[k].arg}"
                 if k in lane_reds:
-                    op = "*" if steps[k].fn == "prod" else "+"
+                    sym = "*" if steps[k].fn == "prod" else "+"
                     at = f"a{k}[np.uint64(lo_{LANES[steps[k].dtype]} + j)]"
-                    w(dj, f"{at} = {val}" if first else f"{at} = {at} {op} {val}")
+                    w(dj, f"{at} = {val}" if first else f"{at} = {at} {sym} {val}")
                 else:
                     w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
             if stored is not None and phase == nphases:
@@ -653,8 +653,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             w(depth + 3, f"hb = (lr + hh) * {blk}")
             w(depth + 3, "for j in range(kl):")
             for k in ks:
-                op = "*" if steps[k].fn == "prod" else "+"
-                w(depth + 4, f"a{k}[np.uint64(lb + j)] = a{k}[np.uint64(lb + j)] {op} "
+                sym = "*" if steps[k].fn == "prod" else "+"
+                w(depth + 4, f"a{k}[np.uint64(lb + j)] = a{k}[np.uint64(lb + j)] {sym} "
                              f"a{k}[np.uint64(hb + j)]")
             w(depth + 1, "hh //= 2")
         means = [k for k in reds if steps[k].fn == "mean"]
