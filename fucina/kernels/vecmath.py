@@ -128,10 +128,13 @@ Speed (this machine: 2-core AMD EPYC, znver3, AVX2 only, so ``ymm`` vectors;
 tanh 4.7 ms vs np.tanh 11.3 ms (and 80 ms for a Numba loop calling
 ``np.tanh``), log 3.6 vs 13.5 ms, sin/cos ~8 ms vs 9.5-10 ms. In-cache
 throughput: exp/expm1 ~0.55 ns/element, log ~0.85, tanh ~1.0, erf ~1.2-1.5,
-sigmoid/silu ~1.7, sin/cos ~1.9, gelu_tanh ~2.6, erfc ~3.4, gelu_erf ~4.2
-(the float64 divisions and polynomials are the price of the <= 2 ulp tails).
+sigmoid/silu ~1.7, sin/cos ~1.9, gelu_tanh ~2.6, erfc ~3.4, gelu_erf ~2.4
+(the float64 steps and error-free float32 pairs are the price of the <= 2 ulp tails).
 Issue 13 (docs/BENCHMARKS.md; in-cache thread CPU time on a loaded Zen 3):
 tanh 1.22 -> 1.13 ns/element (same values), gelu_erf 4.63 -> 4.42 (now <= 1 ulp).
+Issue 13, second pass: gelu_erf in float32 only, 4.3 -> 2.2-2.6 ns/element in
+cache (4M, one thread: 2.65 ns/element against torch's 1.07, whose erf form
+loses the negative tail), still <= 1 ulp.
 
 Vector width: LLVM's tuning for most AVX-512 CPUs prefers 256-bit vectors.
 Every function here marks its caller's LLVM function (and generated kernels
