@@ -290,6 +290,16 @@ def test_sigmoid_bounded_and_monotone(random_bits):
         assert np.all(np.diff(vector("sigmoid", x)) >= 0.0)
 
 
+def test_gelu_erf_runs_of_consecutive_floats():
+    """Every float near the points where gelu_erf's error-free steps matter most.
+
+    Around 0 (``x - x q`` with q near 1/2), -1 (cancellation-prone for ``1 + erf``),
+    the negative tail where the result enters the denormals and the clamp at 14.6.
+    """
+    for center in (0.0, 1e-3, -1e-3, 1.0, -1.0, 1.14, -5.5, -13.1, -13.8, -14.4, 5.5, 14.6):
+        assert_ulp("gelu_erf", _float_run(center, 10_000), TEST_BOUNDS["gelu_erf"])
+
+
 @pytest.mark.parametrize("name", ["tanh", "erf", "sin", "cos"])
 def test_bounded_by_one(name, random_bits):
     y = vector(name, random_bits)
