@@ -11,7 +11,9 @@ Compiled still equals eager bit for bit: the rewrite only applies when the
 permutation keeps the GEMM's last output axis last (its unit-stride ``N``
 axis), so the GEMM runs the same products with the same operands, orientation
 and reduction order and only the output's row and batch strides change; the
-copy it removes is exact.
+copy it removes is exact. The ``copy`` node is rewritten in place (its users and
+value stay), and only where no gradient flows: a backward pass built later from
+the same traced nodes (a compiled function's VJP) sees the ops eager recorded.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def gemm_into_copies(order: list[Node], roots: list[Node]) -> list[Node]:
         gemm = view.inputs[0]
         if gemm.op != "contract" or users[id(gemm)] != 1 or users[id(view)] != 1:
             continue
+        if n.requires_grad or gemm.requires_grad:
+            continue  # a later backward pass (a compiled VJP) walks these nodes' rules
         if not (gemm.value.is_contiguous() and n.value.is_contiguous()
                 and n.dtype is gemm.dtype):
             continue
