@@ -197,3 +197,22 @@ def test_spans_of_views_into_larger_buffers():
     with pytest.raises(ValueError, match="outside its span"):
         bg._check_reach((1, 2, 6, 4, 16, 0, 0, 4, 4, 1, 0, 0, 64, 16, 1,
                          0, 0, 96, 16, 1), 24, 128, 192)
+
+
+def test_operands_over_byte_buffers_and_strided_roots():
+    # a float32 stack viewed from a uint8 buffer, and one whose base chain ends in a
+    # strided array (as_strided): both spans are views of the right memory
+    rng = np.random.default_rng(6)
+    want_a = rng.standard_normal((4, M, K)).astype(np.float32)
+    raw = np.zeros(want_a.nbytes + 8, np.uint8)
+    a = raw[8:].view(np.float32).reshape(4, M, K)
+    a[...] = want_a
+    wide = rng.standard_normal((4, K, 2 * N)).astype(np.float32)
+    b = np.lib.stride_tricks.as_strided(wide, (4, K, N), (wide.strides[0], wide.strides[1], 8))
+    assert not b.flags.c_contiguous
+    out = np.empty((4, M, N), np.float32)
+    assert bg.serves(a, b, out)
+    bg.matmul(a, b, out)
+    np.testing.assert_allclose(out, _ref(want_a, wide[:, :, ::2]), rtol=1e-5, atol=1e-4)
+    flat, off = bg._span(b, False)
+    assert flat.size == (b.shape[0] - 1) * b.strides[0] // 4 + (K - 1) * 2 * N + 2 * (N - 1) + 1

@@ -181,17 +181,19 @@ def _span(x: np.ndarray, writable: bool) -> tuple[np.ndarray, int]:
     while isinstance(root.base, np.ndarray):
         root = root.base
     if root.flags.c_contiguous or root.flags.f_contiguous:
-        raw = root.ravel(order="K").view(np.uint8)  # a view: root is contiguous
         at = start - root.__array_interface__["data"][0]
-        if at < 0 or at + nbytes > raw.size:
+        if at < 0 or at + nbytes > root.nbytes:
             raise ValueError("matmul operand reaches outside its buffer")
-        flat = raw[at:at + nbytes].view(np.float32)
+        raw = root.ravel(order="K")  # a view: root is contiguous
+        if raw.dtype == np.float32 and at % 4 == 0:
+            flat = raw[at // 4:(at + nbytes) // 4]
+        else:
+            flat = raw.view(np.uint8)[at:at + nbytes].view(np.float32)
     else:  # an ndarray over some other buffer, itself strided: x's own extent
         corner = x[tuple(slice(n - 1, n) if st < 0 else slice(0, 1)
                          for n, st in zip(x.shape, x.strides))]
         flat = np.lib.stride_tricks.as_strided(corner.reshape(-1), (nbytes // 4,), (4,))
-    if not writable:
-        flat = flat.view()
+    if not writable:  # flat is a new view object in every branch: its flag is ours
         flat.flags.writeable = False
     return flat, -lo // 4
 
@@ -232,7 +234,7 @@ def serves(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
         return False
     if not all(s % 4 == 0 for s in A.strides + B.strides + out.strides):
         return False
-    if not all(x.__array_interface__["data"][0] % 4 == 0 for x in (A, B, out)):
+    if not (A.flags.aligned and B.flags.aligned and out.flags.aligned):
         return False  # the kernel's spans are aligned float32 arrays
     # numpy copies overlapping operands first; the kernel would read what it wrote
     return not (np.may_share_memory(out, A) or np.may_share_memory(out, B))
@@ -277,11 +279,14 @@ def _check_reach(geo: tuple[int, ...], a_len: int, b_len: int, c_len: int) -> No
     """Raise unless every element offset :func:`_stack` forms from ``geo`` lies inside
     its span (the kernel indexes unchecked)."""
     n1, n2, m, k, n = geo[:5]
-    dims = {"A": (n1, n2, m, k), "B": (n1, n2, k, n), "C": (n1, n2, m, n)}
-    for name, at, size in (("A", 5, a_len), ("B", 10, b_len), ("C", 15, c_len)):
-        lo = hi = geo[at]
-        for d, st in zip(dims[name], geo[at + 1:at + 5]):
-            lo += min(0, (d - 1) * st)
-            hi += max(0, (d - 1) * st)
+    for name, at, size, rows, cols in (("A", 5, a_len, m, k), ("B", 10, b_len, k, n),
+                                       ("C", 15, c_len, m, n)):
+        off, s1, s2, sr, sc = geo[at:at + 5]
+        lo = hi = off
+        for d, st in ((n1, s1), (n2, s2), (rows, sr), (cols, sc)):
+            if st < 0:
+                lo += (d - 1) * st
+            else:
+                hi += (d - 1) * st
         if lo < 0 or hi >= size:
             raise ValueError(f"matmul operand {name} reaches outside its span")
