@@ -162,3 +162,57 @@ def test_attention_from_token_major_projections():
     eager = q.dot(k, "hd")
     np.testing.assert_allclose(eager.numpy(), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(fast(q, k).numpy(), eager.numpy())
+
+
+def test_one_compiled_signature_for_every_layout():
+    # the kernel sees flat read-only/writable spans: layouts, ranks and read-only
+    # inputs must not compile new variants (41 of _product in one run before)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((4, M, K)).astype(np.float32)
+    b = rng.standard_normal((4, K, N)).astype(np.float32)
+    ro_a, ro_b = a.copy(), b.copy()
+    ro_a.flags.writeable = ro_b.flags.writeable = False
+    cases = [(a, b, np.empty((4, M, N), np.float32)),
+             (ro_a, ro_b, np.empty((4, N, M), np.float32).transpose(0, 2, 1)),
+             (np.asfortranarray(a), b[:, :, :16], np.empty((4, M, 16), np.float32)),
+             (a.reshape(2, 2, M, K), b.reshape(2, 2, K, N)[:, :, :, ::-1],
+              np.empty((2, 2, M, N), np.float32))]
+    for x, y, out in cases:
+        bg.matmul(x, y, out)
+        np.testing.assert_allclose(out, _ref(x, y), rtol=1e-5, atol=1e-4)
+    assert len(bg._stack.signatures) == 1
+    assert len(bg._product.signatures) <= 1  # none when _stack came from the disk cache
+
+
+def test_spans_of_views_into_larger_buffers():
+    # a span covers exactly the view's reach, whatever the root buffer around it
+    buf = np.arange(1000, dtype=np.float32)
+    x = buf[100:400].reshape(3, 10, 10)[:, ::-2, 1:]
+    flat, off = bg._span(x, False)
+    assert not flat.flags.writeable and flat.flags.c_contiguous and flat.ndim == 1
+    el = np.array(x.strides) // 4
+    idx = np.indices(x.shape).reshape(x.ndim, -1)
+    np.testing.assert_array_equal(flat[off + el @ idx], x.reshape(-1))
+    assert flat.size == int(np.ptp(el @ idx)) + 1
+    with pytest.raises(ValueError, match="outside its span"):
+        bg._check_reach((1, 2, 6, 4, 16, 0, 0, 4, 4, 1, 0, 0, 64, 16, 1,
+                         0, 0, 96, 16, 1), 24, 128, 192)
+
+
+def test_operands_over_byte_buffers_and_strided_roots():
+    # a float32 stack viewed from a uint8 buffer, and one whose base chain ends in a
+    # strided array (as_strided): both spans are views of the right memory
+    rng = np.random.default_rng(6)
+    want_a = rng.standard_normal((4, M, K)).astype(np.float32)
+    raw = np.zeros(want_a.nbytes + 8, np.uint8)
+    a = raw[8:].view(np.float32).reshape(4, M, K)
+    a[...] = want_a
+    wide = rng.standard_normal((4, K, 2 * N)).astype(np.float32)
+    b = np.lib.stride_tricks.as_strided(wide, (4, K, N), (wide.strides[0], wide.strides[1], 8))
+    assert not b.flags.c_contiguous
+    out = np.empty((4, M, N), np.float32)
+    assert bg.serves(a, b, out)
+    bg.matmul(a, b, out)
+    np.testing.assert_allclose(out, _ref(want_a, wide[:, :, ::2]), rtol=1e-5, atol=1e-4)
+    flat, off = bg._span(b, False)
+    assert flat.size == (b.shape[0] - 1) * b.strides[0] // 4 + (K - 1) * 2 * N + 2 * (N - 1) + 1

@@ -32,6 +32,7 @@ from ..runtime.storage import (
 )
 from .checks import VALUE_CHECKS, reads_index_values
 from .fusion import BuiltKernel, Fuser, build
+from .gemm_layout import gemm_into_copies
 from .graph import Node, topo_order
 from .ops import OPS, extent_message
 
@@ -127,6 +128,7 @@ class Program:
         roots = list(outputs) + [v for _, v in writes]
         order = topo_order(roots)
         order, roots = _cse(order, roots)
+        order = gemm_into_copies(order, roots)
         outputs = roots[:len(outputs)]
         self.outputs = outputs
         self.writes = [(k, v) for (k, _), v in zip(writes, roots[len(outputs):])]

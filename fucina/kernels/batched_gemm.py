@@ -15,10 +15,13 @@ through the transposed views. A ``B`` operand that is still not unit-stride
 along ``N`` is packed per matrix into a thread-local ``[K, N]`` panel, and an
 output that is not is computed into a thread-local matrix and copied out.
 
-Indexing is by element offsets from each array's first element, computed from
-the arrays' own shapes and strides; :func:`matmul` checks shapes, dtypes and
-strides before the kernel runs, so every offset the kernel forms is inside
-its array.
+The kernel sees every array as a flat, contiguous, aligned float32 span of the
+memory it reaches (read-only for ``A`` and ``B``), with its offset and strides
+passed as integers: one compiled signature serves every layout, rank and
+read-only flag (it compiled once per combination before, seconds each).
+Indexing is by element offsets into those spans; :func:`matmul` checks shapes,
+dtypes and strides, and that every offset the kernel forms lies inside its
+span, before the kernel runs.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import math
 import numba
 import numpy as np
 from numba import njit, prange, types
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
 from .microkernel import MR6, NR, gemm6
@@ -96,10 +100,31 @@ def _product(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, arows,
                 _st(C, c_off + (m6 + i) * ldc + n, crows[i * N + n])  # type: ignore[call-arg]
 
 
+@intrinsic
+def _frozen(typingctx, arr):
+    """``arr`` typed read-only: the thread-local panel then passes to :func:`_product`
+    as the same type as the caller's ``B`` (one compiled ``_product``)."""
+    if not isinstance(arr, types.Array) or not arr.mutable:
+        return None
+    sig = arr.copy(readonly=True)(arr)
+
+    def codegen(context, builder, signature, args):
+        # same data model, only the type's flag differs; the result is a new reference
+        return impl_ret_borrowed(context, builder, signature.return_type, args[0])
+
+    return sig, codegen
+
+
 @njit(parallel=True, cache=True, nogil=True, error_model="numpy")
-def _stack(A, B, C, pack_b, via_scratch, runs):
-    """C[i, j] = A[i, j] B[i, j] for every matrix of the stack (4-D arrays: two batch
-    axes, any strides; attention's [batch, head] axes need not fold into one).
+def _stack(A, B, C, geo, pack_b, via_scratch, runs):
+    """C[i, j] = A[i, j] B[i, j] for every matrix of the stack (two batch axes, any
+    strides; attention's [batch, head] axes need not fold into one).
+
+    ``A``, ``B`` (read-only) and ``C`` are flat float32 spans of their buffers, so the
+    kernel has one type signature whatever the callers' layouts (it compiled once per
+    layout, rank and read-only flag before: 41 variants of ``_product`` in one test
+    run). ``geo`` holds the stack's geometry in elements: sizes ``n1, n2, M, K, N``,
+    then per array its offset in its span and its four strides (see :func:`_geometry`).
 
     ``pack_b``: copy each B[i] into a contiguous [K, Np] panel first, Np = N rounded
     up to 16 with zero columns (required when B's N stride is not 1 or N % 16);
@@ -107,16 +132,11 @@ def _stack(A, B, C, pack_b, via_scratch, runs):
     out (required when C's N stride is not 1 or N % 16); ``runs``: how many
     contiguous runs of matrices (one per thread; numba.get_num_threads() here would
     keep the kernel out of the cache)."""
-    n1, n2, M, K = A.shape
+    (n1, n2, M, K, N, a0, a_s1, a_s2, a_rs, a_ks, b00, b_s1, b_s2, b_ks, b_ns,
+     c00, c_s1, c_s2, c_ms, c_ns) = geo
     nb = n1 * n2
-    N = B.shape[3]
     Np = (N + NR - 1) // NR * NR
-    a_s1, a_s2, a_rs, a_ks = (A.strides[0] // 4, A.strides[1] // 4, A.strides[2] // 4,
-                              A.strides[3] // 4)
-    b_s1, b_s2, b_ks, b_ns = (B.strides[0] // 4, B.strides[1] // 4, B.strides[2] // 4,
-                              B.strides[3] // 4)
-    c_s1, c_s2, c_ms, c_ns = (C.strides[0] // 4, C.strides[1] // 4, C.strides[2] // 4,
-                              C.strides[3] // 4)
+    zero = nb - nb  # an int64 zero, not a literal
     for r in prange(runs):
         lo = r * nb // runs
         hi = (r + 1) * nb // runs
@@ -126,29 +146,56 @@ def _stack(A, B, C, pack_b, via_scratch, runs):
         crows = np.empty(MR6 * Np, dtype=np.float32)
         for i in range(lo, hi):
             i1, i2 = divmod(i, n2)
-            a_off = i1 * a_s1 + i2 * a_s2
-            b0 = i1 * b_s1 + i2 * b_s2
-            c0 = i1 * c_s1 + i2 * c_s2
+            a_off = a0 + i1 * a_s1 + i2 * a_s2
+            b0 = b00 + i1 * b_s1 + i2 * b_s2
+            c0 = c00 + i1 * c_s1 + i2 * c_s2
             if pack_b:
                 for n in range(N):
                     for k in range(K):
                         panel[k * Np + n] = _ld(B, b0 + k * b_ks + n * b_ns)  # type: ignore[call-arg]
+            # One call site with int64 offsets: a literal 0 in some calls compiled
+            # _product once per combination of literal and int64 arguments.
+            src, at, ld = (_frozen(panel), zero, Np) if pack_b else (B, b0, b_ks)  # type: ignore[call-arg]
+            dst, to, ldc = (out, zero, Np) if via_scratch else (C, c0, c_ms)
+            _product(A, a_off, a_rs, a_ks, src, at, ld, dst, to, ldc, M,
+                     Np if via_scratch else N, K, arows, crows)
             if via_scratch:
-                if pack_b:
-                    _product(A, a_off, a_rs, a_ks, panel, 0, Np, out, 0, Np, M, Np, K,
-                             arows, crows)
-                else:
-                    _product(A, a_off, a_rs, a_ks, B, b0, b_ks, out, 0, Np, M, Np, K,
-                             arows, crows)
                 for m in range(M):
                     for n in range(N):
                         _st(C, c0 + m * c_ms + n * c_ns, out[m * Np + n])  # type: ignore[call-arg]
-            elif pack_b:
-                _product(A, a_off, a_rs, a_ks, panel, 0, Np, C, c0, c_ms, M, N, K,
-                         arows, crows)
-            else:
-                _product(A, a_off, a_rs, a_ks, B, b0, b_ks, C, c0, c_ms, M, N, K,
-                         arows, crows)
+
+
+def _span(x: np.ndarray, writable: bool) -> tuple[np.ndarray, int]:
+    """(flat float32 span of the memory ``x`` can reach, element offset of ``x``'s first
+    element in it): a view, never a copy. The span is 1-D, contiguous, aligned and
+    read-only unless ``writable``, the one array type the kernel is compiled for."""
+    lo = hi = 0
+    for n, st in zip(x.shape, x.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    start = x.__array_interface__["data"][0] + lo
+    nbytes = hi - lo + x.itemsize
+    root = x
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root.flags.c_contiguous or root.flags.f_contiguous:
+        at = start - root.__array_interface__["data"][0]
+        if at < 0 or at + nbytes > root.nbytes:
+            raise ValueError("matmul operand reaches outside its buffer")
+        raw = root.ravel(order="K")  # a view: root is contiguous
+        if raw.dtype == np.float32 and at % 4 == 0:
+            flat = raw[at // 4:(at + nbytes) // 4]
+        else:
+            flat = raw.view(np.uint8)[at:at + nbytes].view(np.float32)
+    else:  # an ndarray over some other buffer, itself strided: x's own extent
+        corner = x[tuple(slice(n - 1, n) if st < 0 else slice(0, 1)
+                         for n, st in zip(x.shape, x.strides))]
+        flat = np.lib.stride_tricks.as_strided(corner.reshape(-1), (nbytes // 4,), (4,))
+    if not writable:  # flat is a new view object in every branch: its flag is ours
+        flat.flags.writeable = False
+    return flat, -lo // 4
 
 
 def _needs(B: np.ndarray, out: np.ndarray) -> tuple[bool, bool]:
@@ -187,6 +234,8 @@ def serves(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
         return False
     if not all(s % 4 == 0 for s in A.strides + B.strides + out.strides):
         return False
+    if not (A.flags.aligned and B.flags.aligned and out.flags.aligned):
+        return False  # the kernel's spans are aligned float32 arrays
     # numpy copies overlapping operands first; the kernel would read what it wrote
     return not (np.may_share_memory(out, A) or np.may_share_memory(out, B))
 
@@ -214,5 +263,30 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
         A, B, out = B.swapaxes(2, 3), A.swapaxes(2, 3), out.swapaxes(2, 3)
     pack_b, via_scratch = _needs(B, out)
     runs = min(A.shape[0] * A.shape[1], numba.get_num_threads())
-    _stack(A, B, out, pack_b, via_scratch, runs)
+    (a, a0), (b, b0), (c, c0) = _span(A, False), _span(B, False), _span(out, True)
+    geo = (*A.shape, B.shape[3], a0, *_elems(A), b0, *_elems(B), c0, *_elems(out))
+    _check_reach(geo, a.size, b.size, c.size)
+    _stack(a, b, c, geo, pack_b, via_scratch, runs)
     return res
+
+
+def _elems(x: np.ndarray) -> tuple[int, ...]:
+    """``x``'s strides in float32 elements."""
+    return tuple(st // 4 for st in x.strides)
+
+
+def _check_reach(geo: tuple[int, ...], a_len: int, b_len: int, c_len: int) -> None:
+    """Raise unless every element offset :func:`_stack` forms from ``geo`` lies inside
+    its span (the kernel indexes unchecked)."""
+    n1, n2, m, k, n = geo[:5]
+    for name, at, size, rows, cols in (("A", 5, a_len, m, k), ("B", 10, b_len, k, n),
+                                       ("C", 15, c_len, m, n)):
+        off, s1, s2, sr, sc = geo[at:at + 5]
+        lo = hi = off
+        for d, st in ((n1, s1), (n2, s2), (rows, sr), (cols, sc)):
+            if st < 0:
+                lo += (d - 1) * st
+            else:
+                hi += (d - 1) * st
+        if lo < 0 or hi >= size:
+            raise ValueError(f"matmul operand {name} reaches outside its span")
