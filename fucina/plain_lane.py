@@ -79,37 +79,36 @@ def enter(self: Any, *args: Any, **kwargs: Any) -> Any:
         n = len(args)
         if n == 2:
             a, b = args
-            types = lane.types
-            ta, tb = type(a), type(b)
-            if ta in types and tb in types:
+            # Only tensor types are keys of the table, so anything else misses there; an
+            # object that is no tensor may fail any of these reads: the general path.
+            try:
                 na, nb = a._node_, b._node_
-                if na is not None and nb is not None \
-                        and not (na.requires_grad or nb.requires_grad):
-                    ctx = a._ctx
-                    ra, rb = na.value, nb.value
-                    if b._ctx is ctx and not ctx.closed and ra.storage is not rb.storage:
-                        route = lane.table.get((_grad.depth == 0, ta, ra.shape, ra.strides,
-                                                tb, rb.shape, rb.strides))
-                        if route is not None and route.fast is not None \
-                                and _local.tracer is None:
-                            hit = route.fast(ra, rb, ctx)
-                            if hit is not MISS:
-                                return hit
+                ctx = a._ctx
+                ra, rb = na.value, nb.value
+                route = lane.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides,
+                                        type(b), rb.shape, rb.strides)) \
+                    if b._ctx is ctx and ra.storage is not rb.storage \
+                    and not (na.requires_grad or nb.requires_grad or ctx.closed) else None
+            except Exception:
+                route = None
+            if route is not None and route.fast is not None and _local.tracer is None:
+                hit = route.fast(ra, rb, ctx)
+                if hit is not MISS:
+                    return hit
         elif n == 1:
             a = args[0]
-            ta = type(a)
-            if ta in lane.types:
+            try:
                 na = a._node_
-                if na is not None and not na.requires_grad:
-                    ctx = a._ctx
-                    ra = na.value
-                    if not ctx.closed:
-                        route = lane.table.get((_grad.depth == 0, ta, ra.shape, ra.strides))
-                        if route is not None and route.fast is not None \
-                                and _local.tracer is None:
-                            hit = route.fast(ra, ctx)
-                            if hit is not MISS:
-                                return hit
+                ctx = a._ctx
+                ra = na.value
+                route = lane.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides)) \
+                    if not (na.requires_grad or ctx.closed) else None
+            except Exception:
+                route = None
+            if route is not None and route.fast is not None and _local.tracer is None:
+                hit = route.fast(ra, ctx)
+                if hit is not MISS:
+                    return hit
         hit = lane.call(args)
         if hit is not MISS:
             return hit
