@@ -6,9 +6,15 @@ signature the function has already traced, whose program captures nothing,
 guards nothing and writes no argument, needs none of the general call's work:
 no argument walk, no guard checks, no gradient plumbing. The lane keys such
 calls on what the general signature key holds for them (grad mode, and per
-argument its type, shape and strides) and runs the traced program directly (a
-one-kernel program through its lean runner). Any other call takes the general
-path, which decides and raises as it always does.
+argument its type, shape and strides) and runs the traced program directly.
+
+:func:`enter` is ``Compiled.__call__``: a call of one or two tensors whose
+program is one kernel reading them (add, exp, sum...) or one planned GEMM of
+them (dot) runs inline from there, after the same checks, through a runner made
+after the signature's first lane run (the kernel's compiled entry point, or the
+GEMM's matrix views and product call, shared with the eager fast dot). Any other
+call takes :meth:`PlainLane.call`, then the general path, which decides and
+raises as it always does.
 """
 
 from __future__ import annotations
