@@ -378,7 +378,10 @@ def _one_fast(one: Any, typ: Any, n: int) -> Callable[..., Any]:
 def _one_gemm(program: Any) -> Any:
     """The contract node of a program that is one planned GEMM (``np.matmul`` or the
     stacked kernel, no copies or output permutation) of its two arguments, as given,
-    into a fresh result it returns as is; None for any other program."""
+    into a fresh result it returns as is; None for any other program.
+
+    It reads the program's internals (as ``Program.one_kernel_runner`` does); the
+    lane's tests check that a dot program is recognized."""
     if len(program.steps) != 1 or program.writes or program.const_slots \
             or program._constants or program._copy_plan or program.input_need:
         return None
