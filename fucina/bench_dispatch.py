@@ -2,7 +2,7 @@
 
 Each row times a tiny eager op against torch's same op (``add``, ``mul``, ``exp``,
 ``sum`` on 8 elements, ``dot`` of two 8x8 matrices), and a compiled one-op
-function against the eager op. The work is negligible, so the times are the
+function (add, exp, sum, dot) against the eager op. The work is negligible, so the times are the
 libraries' Python and dispatch overhead. The implementations are timed in
 alternation over several rounds and each keeps its best, so a burst of load on
 a shared machine does not land on one side only.
@@ -29,7 +29,7 @@ def _alternating(fns: dict[str, Callable[[], Any]], best_time: Callable[..., Any
     return best
 
 
-def _bind(ref: Callable[[Any, Any, Any, Any], Any], *args: Any) -> Callable[[], Any]:
+def _bind(ref: Callable[..., Any], *args: Any) -> Callable[[], Any]:
     return lambda: ref(*args)
 
 
@@ -68,11 +68,18 @@ def dispatch_cases(case: type, best_time: Callable[..., Any], quick: bool) -> li
         if c.torch is not None:
             c.notes["eager/torch"] = float(c.eager) / float(c.torch)
         cases.append(c)
-    one = F.compile(lambda p, q: p.add(q))
-    c = case("dispatch compiled one-op add [8]")
-    best = _alternating({"compiled": lambda: one(a, b), "eager": lambda: a.add(b)},
-                        best_time, rounds, mt)
-    c.compiled, c.eager = best["compiled"], best["eager"]
-    c.notes["compiled/eager"] = float(c.compiled) / float(c.eager)
-    cases.append(c)
+    compiled: list[tuple[str, Callable[..., Any], tuple[Any, ...], Callable[[], Any]]] = [
+        ("add [8]", lambda p, q: p.add(q), (a, b), lambda: a.add(b)),
+        ("exp [8]", lambda p: p.exp(), (a,), lambda: a.exp()),
+        ("sum [8]", lambda p: p.sum("d"), (a,), lambda: a.sum("d")),
+        ("dot [8x8].[8x8]", lambda p, q: p.dot(q, "k"), (xm, xw), lambda: xm.dot(xw, "k")),
+    ]
+    for name, fn, args, eager in compiled:
+        one = F.compile(fn)
+        c = case(f"dispatch compiled one-op {name}")
+        best = _alternating({"compiled": _bind(one, *args), "eager": eager},
+                            best_time, rounds, mt)
+        c.compiled, c.eager = best["compiled"], best["eager"]
+        c.notes["compiled/eager"] = float(c.compiled) / float(c.eager)
+        cases.append(c)
     return cases

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from . import captures as cap
+from . import plain_lane
 from .dtypes import DType
 from .errors import TagError, UnsupportedGradient
 from .ir import autodiff
@@ -50,7 +51,7 @@ from .ir.ops import OPS, OpDef
 from .ir.printer import format_program
 from .ir.program import Program
 from .kernels.cache import SIZE_SOURCES, Kernel
-from .plain_lane import MISS, PlainLane
+from .plain_lane import PlainLane
 from .runtime.context import ExecContext
 from .runtime.gradmode import enable_grad, is_grad_enabled, no_grad
 from .runtime.lru import LRU
@@ -734,11 +735,11 @@ class Compiled:
 
     # -- calling ---------------------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs:  # the plain lane (it checks for an active tracer itself)
-            hit = self._lane.call(args)
-            if hit is not MISS:
-                return hit
+    #: A call tries the plain lane first (fucina/plain_lane.py), then :meth:`_general`.
+    __call__ = plain_lane.enter
+
+    def _general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call the plain lane did not take: trace or look up, check, run, deliver."""
         tracer = current_tracer()
         if tracer is not None:
             return self._inline(tracer, args, kwargs)

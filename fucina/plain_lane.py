@@ -6,9 +6,15 @@ signature the function has already traced, whose program captures nothing,
 guards nothing and writes no argument, needs none of the general call's work:
 no argument walk, no guard checks, no gradient plumbing. The lane keys such
 calls on what the general signature key holds for them (grad mode, and per
-argument its type, shape and strides) and runs the traced program directly (a
-one-kernel program through its lean runner). Any other call takes the general
-path, which decides and raises as it always does.
+argument its type, shape and strides) and runs the traced program directly.
+
+:func:`enter` is ``Compiled.__call__``: a call of one or two tensors whose
+program is one kernel reading them (add, exp, sum...) or one planned GEMM of
+them (dot) runs inline from there, after the same checks, through a runner made
+after the signature's first lane run (the kernel's compiled entry point, or the
+GEMM's matrix views and product call, shared with the eager fast dot). Any other
+call takes :meth:`PlainLane.call`, then the general path, which decides and
+raises as it always does.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ import numpy as np
 
 from .ir.execute import _local
 from .ir.graph import Node
+from .kernels import batched_gemm
 from .runtime.gradmode import _state as _grad
 from .runtime.gradmode import is_grad_enabled
 from .runtime.raw import RawTensor
-from .runtime.storage import POOL, PooledStorage, Storage
-from .tensor.fast import tensor_of
+from .runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
+from .tensor.fast import gemm_route, tensor_of
 
 #: Signatures one compiled function keeps in its lane (emptied when it grows past this).
 LANE_SIZE = 64
@@ -34,9 +41,11 @@ _new = object.__new__
 
 
 class _Route:
-    """How a plain call runs: the program runner, result types and where each lives."""
+    """How a plain call runs: the program runner, result types and where each lives;
+    ``fast`` once a one-kernel program's entry point is known (:func:`_one_fast`), or
+    after a one-GEMM program's first run (:func:`_gemm_fast`)."""
 
-    __slots__ = ("run", "out_types", "structure", "rebuild", "one", "out_type")
+    __slots__ = ("run", "out_types", "structure", "rebuild", "one", "fast", "gemm")
 
     def __init__(self, program: Any, out_types: list[Any], structure: Any,
                  rebuild: Callable[[Any, list[Any]], Any]):
@@ -45,11 +54,71 @@ class _Route:
         self.out_types = out_types
         self.structure = structure
         self.rebuild = rebuild
-        # A one-kernel program with one result returned as is: the call inlines it.
-        plain = (one is not None and not one.input_need and one.in_slots == (0, 1)
-                 and len(one.results) == 1 and structure == ("t", 0))
+        # A one-kernel program reading its arguments in order (one or two), with one
+        # result returned as is and no extent checks: the call runs it inline.
+        n_in = len(program.inputs)
+        plain = (one is not None and n_in in (1, 2) and not one.input_need
+                 and one.in_slots == tuple(range(n_in)) and len(one.results) == 1
+                 and structure == ("t", 0))
         self.one = one if plain else None
-        self.out_type = out_types[0] if out_types else None
+        self.gemm = _one_gemm(program) if structure == ("t", 0) else None
+        self.fast: Any = None
+
+    def ready(self, raws: list[RawTensor]) -> None:
+        """Make the inline runner after a run on ``raws``: once the one-kernel program
+        has its entry point, or from a one-GEMM program's plan and these layouts."""
+        one = self.one
+        if one is not None and one.entry is not None:
+            self.fast = _one_fast(one, self.out_types[0], len(one.in_slots))
+        elif self.gemm is not None:
+            self.fast = _gemm_fast(self.gemm, raws, self.out_types[0])
+            if self.fast is None:
+                self.gemm = None  # a layout the product cannot take as views
+
+
+def enter(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Compiled.__call__``: a one- or two-tensor call runs here when its signature is
+    in the lane with an inline runner (the checks of :meth:`PlainLane.call`, in one frame);
+    any other call goes to :meth:`PlainLane.call`, then the general path."""
+    if not kwargs:
+        lane = self._lane
+        n = len(args)
+        if n == 2:
+            a, b = args
+            # Only tensor types are keys of the table, so anything else misses there; an
+            # object that is no tensor may fail any of these reads: the general path.
+            try:
+                na, nb = a._node_, b._node_
+                ctx = a._ctx
+                ra, rb = na.value, nb.value
+                route = lane.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides,
+                                        type(b), rb.shape, rb.strides)) \
+                    if b._ctx is ctx and ra.storage is not rb.storage \
+                    and not (na.requires_grad or nb.requires_grad or ctx.closed) else None
+            except Exception:
+                route = None
+            if route is not None and route.fast is not None and _local.tracer is None:
+                hit = route.fast(ra, rb, ctx)
+                if hit is not MISS:
+                    return hit
+        elif n == 1:
+            a = args[0]
+            try:
+                na = a._node_
+                ctx = a._ctx
+                ra = na.value
+                route = lane.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides)) \
+                    if not (na.requires_grad or ctx.closed) else None
+            except Exception:
+                route = None
+            if route is not None and route.fast is not None and _local.tracer is None:
+                hit = route.fast(ra, ctx)
+                if hit is not MISS:
+                    return hit
+        hit = lane.call(args)
+        if hit is not MISS:
+            return hit
+    return self._general(args, kwargs)
 
 
 class PlainLane:
@@ -64,7 +133,8 @@ class PlainLane:
     def call(self, args: tuple[Any, ...]) -> Any:
         """The call's result, or :data:`MISS` (take the general path)."""
         types = self.types
-        if len(args) == 2:  # the common case, unrolled
+        n = len(args)
+        if n == 2:  # the common cases, unrolled
             a, b = args
             ta, tb = type(a), type(b)
             if ta not in types or tb not in types:
@@ -82,74 +152,79 @@ class PlainLane:
                                     rb.strides))
             if route is None or _local.tracer is not None:
                 return MISS
-            one = route.one
-            if one is not None:  # one kernel, one result: OneKernel.__call__ inlined
-                sa, sb = ra.storage, rb.storage
-                ba, bb = sa.buf, sb.buf
-                fn = one.entry
-                if fn is not None and ba is not None and bb is not None \
-                        and ba.dtype is one.dtypes[0] and bb.dtype is one.dtypes[1] \
-                        and not (sa.borrowed or sb.borrowed):
-                    small = one.small
-                    out = np.empty(one.count, one.dt) if small else POOL.take(one.dt, one.count)
-                    oa, ob = ra.offset, rb.offset
-                    fn(out, ba[oa:] if oa else ba, bb[ob:] if ob else bb, *one.tail)
-                    # RawTensor(Storage(out), ...) as OneKernel makes it, without the
-                    # constructors' call overhead (every slot set, as __init__ would)
-                    st: Any = _new(Storage if small else PooledStorage)
-                    st.buf = out
-                    st.refs = 1
-                    st.readonly = False
-                    st.borrowed = False
-                    v = one.result
-                    raw: Any = _new(RawTensor)
-                    raw.storage = st
-                    raw.dtype = v.dtype
-                    raw.shape = v.shape
-                    raw.strides = v.strides
-                    raw.offset = v.offset
-                    return _wrap(route.out_type, raw, ctx)
+            fast = route.fast
+            if fast is not None:
+                hit = fast(ra, rb, ctx)
+                if hit is not MISS:
+                    return hit
             if ra.storage.buf is None or rb.storage.buf is None:
                 return MISS
-            raws = [ra, rb]
-        else:
-            key: list[Any] = [_grad.depth == 0]
-            raws = []
-            storages: list[Any] = []
-            ctx = None
-            for a in args:
-                t = type(a)
-                if t not in types:
-                    return MISS
-                node = a._node_
-                if node is None or node.requires_grad:
-                    return MISS
-                c = a._ctx
-                if ctx is None:
-                    if c.closed:
-                        return MISS
-                    ctx = c
-                elif c is not ctx:
-                    return MISS
-                raw = node.value
-                st = raw.storage
-                if st.buf is None:
-                    return MISS
-                for s in storages:  # one tensor (or storage) in two positions: general path
-                    if s is st:
-                        return MISS
-                storages.append(st)
-                raws.append(raw)
-                key += (t, raw.shape, raw.strides)
-            route = self.table.get(tuple(key))
+            return self.run(route, [ra, rb], ctx)
+        if n == 1:
+            a = args[0]
+            if type(a) not in types:
+                return MISS
+            na = a._node_
+            if na is None or na.requires_grad:
+                return MISS
+            ctx = a._ctx
+            if ctx.closed:
+                return MISS
+            ra = na.value
+            route = self.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides))
             if route is None or _local.tracer is not None:
                 return MISS
+            fast = route.fast
+            if fast is not None:
+                hit = fast(ra, ctx)
+                if hit is not MISS:
+                    return hit
+            if ra.storage.buf is None:
+                return MISS
+            return self.run(route, [ra], ctx)
+        key: list[Any] = [_grad.depth == 0]
+        raws = []
+        storages: list[Any] = []
+        ctx = None
+        for a in args:
+            t = type(a)
+            if t not in types:
+                return MISS
+            node = a._node_
+            if node is None or node.requires_grad:
+                return MISS
+            c = a._ctx
+            if ctx is None:
+                if c.closed:
+                    return MISS
+                ctx = c
+            elif c is not ctx:
+                return MISS
+            raw = node.value
+            st = raw.storage
+            if st.buf is None:
+                return MISS
+            for s in storages:  # one tensor (or storage) in two positions: general path
+                if s is st:
+                    return MISS
+            storages.append(st)
+            raws.append(raw)
+            key += (t, raw.shape, raw.strides)
+        route = self.table.get(tuple(key))
+        if route is None or _local.tracer is not None:
+            return MISS
+        return self.run(route, raws, ctx)
+
+    @staticmethod
+    def run(route: _Route, raws: list[RawTensor], ctx: Any) -> Any:
+        """Run ``route``'s program on checked argument raws; its results on ``ctx``."""
         results = route.run(raws)
+        if route.fast is None and (route.one is not None or route.gemm is not None):
+            route.ready(raws)
         outs = [_wrap(typ, r, ctx) for typ, r in zip(route.out_types, results)]
         if route.structure == ("t", 0):
             return outs[0]
         return route.rebuild(route.structure, outs)
-
 
     def learn(self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: Any,
               rebuild: Callable[[Any, list[Any]], Any]) -> None:
@@ -185,6 +260,208 @@ class PlainLane:
         self.types.update(type(a) for a in args)
         self.table[tuple(key)] = _Route(entry.program, list(entry.out_types), entry.structure,
                                         rebuild)
+
+
+def _one_fast(one: Any, typ: Any, n: int) -> Callable[..., Any]:
+    """``one`` (a :class:`~fucina.ir.program.OneKernel` whose entry point is known) run
+    inline on ``n`` argument raw tensors, its result wrapped as ``typ`` on the call's
+    context: what ``one(raws)`` and :func:`_wrap` make, without their calls and
+    attribute reads. It returns :data:`MISS` where ``one`` would take Numba's dispatcher
+    (another buffer dtype, borrowed storage) or a buffer is gone."""
+    fn = one.entry
+    dtypes = one.dtypes
+    tail = one.tail
+    count, dt, small = one.count, one.dt, one.small
+    v = one.result
+    vdt, vshape, vstrides, voff = v.dtype, v.shape, v.strides, v.offset
+    tags = typ.axis_tags
+    store = Storage if small else PooledStorage
+    take = POOL.take
+    empty = np.empty
+
+    if n == 1:
+        (d0,) = dtypes
+
+        def run1(ra: RawTensor, ctx: Any) -> Any:
+            sa = ra.storage
+            ba = sa.buf
+            if ba is None or ba.dtype is not d0 or sa.borrowed:
+                return MISS
+            out = empty(count, dt) if small else take(dt, count)
+            oa = ra.offset
+            fn(out, ba[oa:] if oa else ba, *tail)
+            # result(out, ctx): Storage, RawTensor, Node and the tensor with every slot
+            # set as their __init__ would (and the exec scope, as fast.tensor_of)
+            st: Any = _new(store)
+            st.buf = out
+            st.refs = 1
+            st.readonly = False
+            st.borrowed = False
+            raw: Any = _new(RawTensor)
+            raw.storage = st
+            raw.dtype = vdt
+            raw.shape = vshape
+            raw.strides = vstrides
+            raw.offset = voff
+            node: Any = _new(Node)
+            node.op = "const"
+            node.inputs = ()
+            node.attrs = {}
+            node.value = raw
+            node.tags = tags
+            node.requires_grad = False
+            node.grad = None
+            obj: Any = _new(typ)
+            obj._node_ = node
+            obj._ctx = ctx
+            obj._scoped = False
+            try:
+                scopes = ctx._local.scopes
+            except AttributeError:
+                scopes = ctx._scopes
+            if scopes:
+                scopes[-1].append(obj)
+                obj._scoped = True
+            return obj
+        return run1
+
+    d0, d1 = dtypes
+
+    def run2(ra: RawTensor, rb: RawTensor, ctx: Any) -> Any:
+        sa = ra.storage
+        sb = rb.storage
+        ba = sa.buf
+        bb = sb.buf
+        if ba is None or bb is None or ba.dtype is not d0 or bb.dtype is not d1 \
+                or sa.borrowed or sb.borrowed:
+            return MISS
+        out = empty(count, dt) if small else take(dt, count)
+        oa = ra.offset
+        ob = rb.offset
+        fn(out, ba[oa:] if oa else ba, bb[ob:] if ob else bb, *tail)
+        # result(out, ctx): Storage, RawTensor, Node and the tensor with every slot
+        # set as their __init__ would (and the exec scope, as fast.tensor_of)
+        st: Any = _new(store)
+        st.buf = out
+        st.refs = 1
+        st.readonly = False
+        st.borrowed = False
+        raw: Any = _new(RawTensor)
+        raw.storage = st
+        raw.dtype = vdt
+        raw.shape = vshape
+        raw.strides = vstrides
+        raw.offset = voff
+        node: Any = _new(Node)
+        node.op = "const"
+        node.inputs = ()
+        node.attrs = {}
+        node.value = raw
+        node.tags = tags
+        node.requires_grad = False
+        node.grad = None
+        obj: Any = _new(typ)
+        obj._node_ = node
+        obj._ctx = ctx
+        obj._scoped = False
+        try:
+            scopes = ctx._local.scopes
+        except AttributeError:
+            scopes = ctx._scopes
+        if scopes:
+            scopes[-1].append(obj)
+            obj._scoped = True
+        return obj
+    return run2
+
+
+def _one_gemm(program: Any) -> Any:
+    """The contract node of a program that is one planned GEMM (``np.matmul`` or the
+    stacked kernel, no copies or output permutation) of its two arguments, as given,
+    into a fresh result it returns as is; None for any other program.
+
+    It reads the program's internals (as ``Program.one_kernel_runner`` does); the
+    lane's tests check that a dot program is recognized."""
+    if len(program.steps) != 1 or program.writes or program.const_slots \
+            or program._constants or program._copy_plan or program.input_need:
+        return None
+    st = program.steps[0]
+    n = st.node
+    p = st.gemm
+    if st.kind != "ref" or n is None or n.op != "contract" or p is None \
+            or p.out_perm is not None or "copy" in (p.a.orient, p.b.orient):
+        return None
+    ins = program.inputs
+    if len(ins) != 2 or tuple(n.inputs) != tuple(ins) or ins[0] is ins[1]:
+        return None
+    dt = n.value.dtype
+    if dt.name not in ("f32", "f64") or any(i.value.dtype is not dt for i in ins):
+        return None
+    plan = program._out_plan
+    slot = program.slot.get(id(n.value.storage))
+    if len(plan) != 1 or plan[0][0] != slot or slot not in program.fresh_slots \
+            or plan[0][1] is not n.value:
+        return None
+    return n
+
+
+def _gemm_fast(n: Node, raws: list[RawTensor], typ: Any) -> Callable[..., Any] | None:
+    """The one-GEMM program of contract node ``n`` run inline on two argument raws: the
+    matrix views rebuilt from the layouts of ``raws`` and the product call the program
+    makes (:func:`fucina.tensor.fast.gemm_route`, shared with the eager fast dot), its
+    result wrapped as ``typ``; :data:`MISS` where a buffer is gone or of another dtype.
+    None when the layouts need copies (the program's own run then)."""
+    ra, rb = raws
+    route = gemm_route(n.attrs["labels"], n.value, ra, rb)
+    if route is None:
+        return None
+    a_side, b_side, swapped, gemm, out_shape = route
+    d0, d1 = ra.storage.buf.dtype, rb.storage.buf.dtype  # type: ignore[union-attr]
+    v = n.value
+    count = v.numel
+    dt = np.dtype(v.dtype.storage)
+    small = count * dt.itemsize < POOL_MIN_BYTES
+    fresh = small and gemm is not batched_gemm.matmul
+    vdt, vshape, vstrides = v.dtype, v.shape, v.strides
+    tags = typ.axis_tags
+
+    def run2(ra: RawTensor, rb: RawTensor, ctx: Any) -> Any:
+        ba = ra.storage.buf
+        bb = rb.storage.buf
+        if ba is None or bb is None or ba.dtype is not d0 or bb.dtype is not d1:
+            return MISS
+        if swapped:
+            ba, bb, oa, ob = bb, ba, rb.offset, ra.offset
+        else:
+            oa, ob = ra.offset, rb.offset
+        A = a_side.view(ba, oa)
+        B = b_side.view(bb, ob)
+        if fresh:  # the product's own fresh result (the same BLAS call as with out=)
+            out = gemm(A, B).reshape(-1)
+        else:
+            out = np.empty(count, dt) if small else POOL.take(dt, count)
+            gemm(A, B, out.reshape(out_shape))
+        st: Any = _new(Storage if small else PooledStorage)
+        st.buf = out
+        st.refs = 1
+        st.readonly = False
+        st.borrowed = False
+        raw: Any = _new(RawTensor)
+        raw.storage = st
+        raw.dtype = vdt
+        raw.shape = vshape
+        raw.strides = vstrides
+        raw.offset = 0
+        node: Any = _new(Node)
+        node.op = "const"
+        node.inputs = ()
+        node.attrs = {}
+        node.value = raw
+        node.tags = tags
+        node.requires_grad = False
+        node.grad = None
+        return tensor_of(typ, node, ctx)
+    return run2
 
 
 def _wrap(typ: Any, raw: RawTensor, ctx: Any) -> Any:

@@ -282,3 +282,172 @@ def test_plain_lane_skips_programs_with_captures(ctx):
         e, s = h(a)
         np.testing.assert_allclose(e.numpy(), np.exp(x), rtol=2e-6)
         np.testing.assert_allclose(s.numpy(), x.sum(), rtol=1e-5)
+
+
+def _error(fn):
+    try:
+        fn()
+    except Exception as e:  # the type and message, for comparing two paths
+        return type(e), str(e)
+    return None
+
+
+def test_plain_lane_one_argument_inline_matches_eager(ctx):
+    x = arr(3, 4)
+    a = R.from_numpy(ctx, x)
+    f = F.compile(lambda p: p.exp())
+    g = F.compile(lambda p: p.sum("c"))
+    for fn, eager in ((f, lambda t: t.exp()), (g, lambda t: t.sum("c"))):
+        outs = [fn(a) for _ in range(4)]  # trace, learn, first lane run, inline runs
+        (route,) = fn._lane.table.values()
+        assert route.fast is not None  # the inline runner is in use
+        for o in outs:
+            assert type(o) is type(eager(a))
+            np.testing.assert_array_equal(o.numpy(), eager(a).numpy())
+        bufs = {id(o.as_raw_tensor().storage.buf) for o in outs}
+        assert len(bufs) == len(outs)  # a fresh buffer per call
+    a.data()[:] = 0.5  # in-place writes between calls are seen
+    np.testing.assert_array_equal(f(a).numpy(), np.exp(np.full((3, 4), 0.5, np.float32)))
+    np.testing.assert_array_equal(g(a).numpy(), np.full(3, 2.0, np.float32))
+    # same layout at another offset: read per call
+    whole = F.Tensor("d").from_numpy(ctx, arr(10))
+    h = F.compile(lambda p: p.exp())
+    for start in (0, 3, 1, 0, 5):
+        v = whole.slice(d=slice(start, start + 4))
+        np.testing.assert_array_equal(h(v).numpy(), v.exp().numpy())
+    with ctx.exec_scope():
+        inner = f(a)
+    with pytest.raises(F.Deinitialized):
+        inner.numpy()
+
+
+def test_plain_lane_bad_inputs_raise_as_eager(ctx):
+    """Every input the inline lane could see wrongly raises what the eager op raises."""
+    x, y = arr(2, 3), arr(2, 3)
+    add = F.compile(lambda p, q: p.add(q))
+    ex = F.compile(lambda p: p.exp())
+    a, b = R.from_numpy(ctx, x), R.from_numpy(ctx, y)
+    for _ in range(4):  # the signatures are in the lane with inline runners
+        add(a, b)
+        ex(a)
+    assert all(r.fast is not None for r in add._lane.table.values())
+    assert all(r.fast is not None for r in ex._lane.table.values())
+    other = F.ExecContext()
+    bad = {
+        "wrong shape": R.from_numpy(ctx, arr(3, 3)),
+        "wrong dtype": R.from_numpy(ctx, y).to("f64"),
+        "swapped tags": C.from_numpy(ctx, y),
+        "another context": R.from_numpy(other, y),
+        "tensor type": R,
+        "string": "x",
+    }
+    for name, v in bad.items():
+        want = _error(lambda v=v: a.add(v))
+        assert want is not None, name
+        assert _error(lambda v=v: add(a, v)) == want, name
+    dead = R.from_numpy(ctx, y)
+    dead.deinit()
+    assert _error(lambda: add(a, dead))[0] is _error(lambda: a.add(dead))[0] is F.Deinitialized
+    assert _error(lambda: ex(dead))[0] is _error(lambda: dead.exp())[0] is F.Deinitialized
+    d = R.from_numpy(other, x)
+    ex(d), ex(d), ex(d)
+    other.deinit()  # a closed context: both raise Deinitialized
+    assert _error(lambda: ex(d))[0] is _error(lambda: d.exp())[0] is F.Deinitialized
+    # the lane still works for good inputs afterwards
+    np.testing.assert_array_equal(add(a, b).numpy(), a.add(b).numpy())
+
+
+def test_numpy_dot_and_matmul_make_the_same_blas_call():
+    """The premise of the fast dot's ``np.dot``: on whole C/F-contiguous matrices with
+    every dimension above 1 it gives matmul's bits (gemm, or syrk for X.X^T)."""
+    rng = np.random.default_rng(3)
+    for dt in (np.float32, np.float64):
+        for m, k, n in ((2, 2, 2), (8, 8, 8), (3, 17, 5), (33, 9, 64), (70, 130, 20)):
+            x = rng.standard_normal((m, k)).astype(dt)
+            w = rng.standard_normal((k, n)).astype(dt)
+            for A in (x, np.asfortranarray(x)):
+                for B in (w, np.asfortranarray(w)):
+                    np.testing.assert_array_equal(np.dot(A, B), np.matmul(A, B))
+            np.testing.assert_array_equal(np.dot(x, x.T), np.matmul(x, x.T))
+
+
+def test_fast_dot_gives_the_normal_paths_bits(ctx):
+    """Every fast-dot call equals the first (normal-path) call and the compiled program
+    bit for bit: 2-D products of several layouts (np.dot), strided views (np.matmul),
+    stacks (the stacked kernel)."""
+    rng = np.random.default_rng(11)
+    f = F.compile(lambda p, q: p.dot(q, "k"))
+
+    def check(a, b):
+        first = a.dot(b, "k").numpy()
+        for _ in range(3):
+            np.testing.assert_array_equal(a.dot(b, "k").numpy(), first)
+        for _ in range(3):
+            np.testing.assert_array_equal(f(a, b).numpy(), first)
+
+    def t(tags, shape, dtype=np.float32):
+        return F.Tensor(*tags, dtype="f32" if dtype == np.float32 else "f64").from_numpy(
+            ctx, rng.standard_normal(shape).astype(dtype))
+
+    for dtype in (np.float32, np.float64):
+        for m, k, n in ((8, 8, 8), (3, 17, 5), (40, 33, 70), (1, 8, 8), (8, 1, 8), (8, 8, 1)):
+            x, w = t(("m", "k"), (m, k), dtype), t(("k", "n"), (k, n), dtype)
+            wt = t(("n", "k"), (n, k), dtype)  # a transposed weight: F-contiguous view
+            check(x, w)
+            check(x, wt)
+            check(w, x)
+    big = t(("m", "k"), (12, 20))
+    w = t(("k", "n"), (10, 6))
+    check(big.slice(m=slice(2, 9), k=slice(0, 10)), w)  # rows of a wider matrix
+    check(big.slice(k=slice(3, 13)), w)
+    sa = t(("b", "m", "k"), (4, 32, 16))
+    sb = t(("b", "k", "n"), (4, 16, 32))
+    check(sa, sb)  # a stack the stacked kernel serves
+    check(t(("b", "m", "k"), (2, 3, 4)), t(("b", "k", "n"), (2, 4, 5)))
+    routes = list(f._lane.table.values())
+    assert routes and all(r.gemm is not None for r in routes)
+    assert all(r.fast is not None for r in routes)  # the compiled calls ran inline
+
+
+def test_compiled_one_gemm_lane_matches_eager(ctx):
+    x, w = arr(3, 5), arr(5, 4)
+    a = F.Tensor("m", "k").from_numpy(ctx, x)
+    b = F.Tensor("k", "n").from_numpy(ctx, w)
+    f = F.compile(lambda p, q: p.dot(q, "k"))
+    outs = [f(a, b) for _ in range(4)]
+    (route,) = f._lane.table.values()
+    assert route.fast is not None
+    want = a.dot(b, "k").numpy()
+    for o in outs:
+        assert type(o) is type(a.dot(b, "k"))
+        np.testing.assert_array_equal(o.numpy(), want)
+    assert len({id(o.as_raw_tensor().storage.buf) for o in outs}) == len(outs)
+    b.data()[:] = 1.0  # an in-place write to the weight between calls is seen
+    np.testing.assert_array_equal(f(a, b).numpy(), a.dot(b, "k").numpy())
+    big = F.Tensor("m", "k").from_numpy(ctx, arr(7, 5))
+    for start in (0, 2, 4, 0):  # same layout at other offsets
+        v = big.slice(m=slice(start, start + 3))
+        np.testing.assert_array_equal(f(v, b).numpy(), v.dot(b, "k").numpy())
+    other = F.ExecContext()
+    bad = {
+        "wrong shape": F.Tensor("k", "n").from_numpy(ctx, arr(4, 4)),
+        "wrong dtype": F.Tensor("k", "n").from_numpy(ctx, w).to("f64"),
+        "another context": F.Tensor("k", "n").from_numpy(other, w),
+        "tensor type": F.Tensor("k", "n"),
+        "string": "x",
+    }
+    for name, v in bad.items():
+        want_err = _error(lambda v=v: a.dot(v, "k"))
+        assert want_err is not None, name
+        assert _error(lambda v=v: f(a, v)) == want_err, name
+    dead = F.Tensor("k", "n").from_numpy(ctx, w)
+    f(a, dead), f(a, dead)
+    dead.deinit()
+    assert _error(lambda: f(a, dead))[0] is _error(lambda: a.dot(dead, "k"))[0] \
+        is F.Deinitialized
+    c = F.Tensor("m", "k").from_numpy(other, x)
+    d = F.Tensor("k", "n").from_numpy(other, w)
+    f(c, d), f(c, d), f(c, d)
+    other.deinit()
+    assert _error(lambda: f(c, d))[0] is _error(lambda: c.dot(d, "k"))[0] is F.Deinitialized
+    np.testing.assert_array_equal(f(a, b).numpy(), a.dot(b, "k").numpy())

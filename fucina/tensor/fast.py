@@ -26,6 +26,7 @@ import numpy as np
 from ..ir.eager import Plan, lookup
 from ..ir.execute import _local
 from ..ir.graph import Node
+from ..kernels import batched_gemm
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
 
@@ -108,7 +109,18 @@ def _wrap(f: Any, out: np.ndarray, ctx: Any, attrs: dict[str, Any]) -> Any:
     node.tags = f.tags
     node.requires_grad = False
     node.grad = None
-    return tensor_of(f.cls, node, ctx)
+    obj: Any = _new(f.cls)  # tensor_of(f.cls, node, ctx), inlined: one call less per op
+    obj._node_ = node
+    obj._ctx = ctx
+    obj._scoped = False
+    try:
+        scopes = ctx._local.scopes
+    except AttributeError:
+        scopes = ctx._scopes
+    if scopes:
+        scopes[-1].append(obj)
+        obj._scoped = True
+    return obj
 
 
 def tensor_of(cls: Any, node: Node, ctx: Any) -> Any:
@@ -244,7 +256,7 @@ class _Matrix:
     view is the whole buffer reshaped (a raw tensor at offset 0 over a buffer of exactly
     ``size`` elements), the cheap case."""
 
-    __slots__ = ("shape", "strides", "rel", "size", "whole", "small", "last")
+    __slots__ = ("shape", "strides", "rel", "size", "whole", "small", "last", "blas")
 
     def __init__(self, view: np.ndarray, buf: np.ndarray, raw: RawTensor):
         self.shape = view.shape
@@ -253,6 +265,8 @@ class _Matrix:
                     - raw.offset * buf.itemsize)
         self.size = view.size
         self.whole = self.rel == 0 and view.flags.c_contiguous
+        # a 2-D C- or F-contiguous view: numpy's dot passes it to BLAS as matmul does
+        self.blas = view.ndim == 2 and (view.flags.c_contiguous or view.flags.f_contiguous)
         # The last (buffer, offset, view) of a small operand: a weight used call after
         # call keeps its view (a view, so in-place writes to the buffer still show).
         # Only small buffers are held, so the table never pins much memory.
@@ -274,8 +288,10 @@ class _Matrix:
 
 
 class _FastDot:
+    """A remembered GEMM: the operands' matrix views, the product call and the result."""
+
     __slots__ = ("cls", "tags", "attrs", "dtype", "np_dtype", "count", "shape", "strides",
-                 "small", "a", "b", "swapped", "out_shape", "in_np", "op")
+                 "small", "a", "b", "swapped", "out_shape", "in_np", "op", "gemm", "fresh")
 
     def __init__(self, out: Any, sides: tuple[_Matrix, _Matrix], swapped: bool,
                  out_shape: tuple[int, ...], in_np: tuple[np.dtype, np.dtype]):
@@ -295,6 +311,25 @@ class _FastDot:
         self.swapped = swapped
         self.out_shape = out_shape
         self.in_np = in_np
+        self.gemm = _gemm_call(sides, out_shape)
+        self.fresh = self.small and self.gemm is not batched_gemm.matmul
+
+
+def _gemm_call(sides: tuple[_Matrix, _Matrix], out_shape: tuple[int, ...]
+               ) -> Callable[..., Any]:
+    """The product ``gemm(A, B, out)`` the normal path and a compiled program make for
+    these views: the stacked kernel's ``matmul`` for a stack, else ``np.matmul`` --
+    or ``np.dot`` where that is the same BLAS call for less overhead: two whole
+    matrices (C- or F-contiguous, every dimension above 1: numpy's dot and matmul
+    then both call ``gemm`` with the same arguments, and both turn to ``syrk`` for a
+    matrix times its own transpose), where matmul's ufunc machinery costs about
+    0.5 us more per call."""
+    if len(out_shape) in (3, 4):
+        return batched_gemm.matmul
+    a, b = sides
+    if len(out_shape) == 2 and min(a.shape + b.shape) > 1 and a.blas and b.blas:
+        return np.dot
+    return np.matmul
 
 
 def dot(self: Any, other: Any, contract: Any) -> Any:
@@ -321,24 +356,77 @@ def dot(self: Any, other: Any, contract: Any) -> Any:
     if ba is None or bb is None or ba.dtype is not d0 or bb.dtype is not d1:
         return None
     if f.swapped:
-        A = f.a.view(bb, rb.offset)
-        B = f.b.view(ba, ra.offset)
+        ba, bb, oa, ob = bb, ba, rb.offset, ra.offset
     else:
-        A = f.a.view(ba, ra.offset)
-        B = f.b.view(bb, rb.offset)
-    if f.small:  # numpy's own fresh result (the same GEMM call as with out=)
-        out = np.matmul(A, B).reshape(-1)
+        oa, ob = ra.offset, rb.offset
+    a = f.a
+    last = a.last  # _Matrix.view, inlined for the kept view of a small operand
+    A = last[2] if last is not None and last[0] is ba and last[1] == oa else a.view(ba, oa)
+    b = f.b
+    last = b.last
+    B = last[2] if last is not None and last[0] is bb and last[1] == ob else b.view(bb, ob)
+    small = f.small
+    if f.fresh:  # the product's own fresh result (the same BLAS call as with out=)
+        out = f.gemm(A, B).reshape(-1)
     else:
-        out = POOL.take(f.np_dtype, f.count)
-        np.matmul(A, B, out=out.reshape(f.out_shape))
-    return _wrap(f, out, ctx, f.attrs.copy())
+        dt = f.np_dtype
+        out = np.empty(f.count, dt) if small else POOL.take(dt, f.count)
+        f.gemm(A, B, out.reshape(f.out_shape))
+    # the result objects, as _wrap makes them (inlined: one call less per product)
+    st: Any = _new(Storage if small else PooledStorage)
+    st.buf = out
+    st.refs = 1
+    st.readonly = False
+    st.borrowed = False
+    raw: Any = _new(RawTensor)
+    raw.storage = st
+    raw.dtype = f.dtype
+    raw.shape = f.shape
+    raw.strides = f.strides
+    raw.offset = 0
+    node: Any = _new(Node)
+    node.op = "contract"
+    node.inputs = ()
+    node.attrs = f.attrs.copy()
+    node.value = raw
+    node.tags = f.tags
+    node.requires_grad = False
+    node.grad = None
+    return tensor_of(f.cls, node, ctx)
+
+
+def gemm_route(labels: Any, result: RawTensor, ra: RawTensor, rb: RawTensor) -> Any:
+    """How a planned contraction of ``ra`` and ``rb`` (``labels`` as the contract
+    node's, ``result`` its value) runs as one product: (left matrix, right matrix,
+    swapped, product call, result matrix-stack shape), or None when the plan needs
+    copies or an output permutation (the normal path then)."""
+    from ..kernels import gemm
+
+    la, lb, lo = (tuple(x) for x in labels)
+    if len(la) != len(ra.shape) or len(lb) != len(rb.shape):
+        return None  # private axes were summed first, or a scalar operand: the normal path
+    p = gemm.plan(ra.shape, ra.strides, la, rb.shape, rb.strides, lb, lo)
+    if p.out_perm is not None or "copy" in (p.a.orient, p.b.orient):
+        return None
+    ba, bb = ra.storage.buf, rb.storage.buf
+    if ba is None or bb is None:
+        return None
+    x, y = ra.array(), rb.array()
+    if p.swapped:
+        x, y, la, lb = y, x, lb, la
+        bx, by, rx, ry = bb, ba, rb, ra
+    else:
+        bx, by, rx, ry = ba, bb, ra, rb
+    A = gemm.matrix_view(x, la, p.batch, p.m, p.k, p.a, p.batch_sizes, p.msize, p.ksize)
+    B = gemm.matrix_view(y, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
+    sides = (_Matrix(A, bx, rx), _Matrix(B, by, ry))
+    out_shape = p.batch_sizes + (p.msize, p.nsize)
+    return sides[0], sides[1], p.swapped, _gemm_call(sides, out_shape), out_shape
 
 
 def learn_dot(self: Any, other: Any, contract: Any, out: Any) -> None:
     """After the normal path computed ``out = self.dot(other, contract)``: remember the
     signature when it was one plain GEMM of two f32 (or two f64) operands."""
-    from ..kernels import gemm
-
     sn, on, node = self._node_, getattr(other, "_node_", None), out._node_
     if sn is None or on is None or node is None or node.op != "contract" \
             or _local.tracer is not None or sn.requires_grad or on.requires_grad:
@@ -350,23 +438,12 @@ def learn_dot(self: Any, other: Any, contract: Any, out: Any) -> None:
     ba, bb = ra.storage.buf, rb.storage.buf
     if ba is None or bb is None:
         return
-    la, lb, lo = (tuple(x) for x in node.attrs["labels"])
-    if len(la) != len(ra.shape) or len(lb) != len(rb.shape):
-        return  # private axes were summed first, or a scalar operand: the normal path
-    p = gemm.plan(ra.shape, ra.strides, la, rb.shape, rb.strides, lb, lo)
-    if p.out_perm is not None or "copy" in (p.a.orient, p.b.orient):
+    route = gemm_route(node.attrs["labels"], node.value, ra, rb)
+    if route is None:
         return
-    x, y = ra.array(), rb.array()
-    if p.swapped:
-        x, y, la, lb = y, x, lb, la
-        bx, by, rx, ry = bb, ba, rb, ra
-    else:
-        bx, by, rx, ry = ba, bb, ra, rb
-    A = gemm.matrix_view(x, la, p.batch, p.m, p.k, p.a, p.batch_sizes, p.msize, p.ksize)
-    B = gemm.matrix_view(y, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
+    a_side, b_side, swapped, _, out_shape = route
     if len(_FAST) >= FAST_CACHE_SIZE:
         _FAST.clear()
     key = ("dot", contract, type(self), type(other), ra.shape, ra.strides, rb.shape,
            rb.strides)
-    _FAST[key] = _FastDot(out, (_Matrix(A, bx, rx), _Matrix(B, by, ry)), p.swapped,
-                          p.batch_sizes + (p.msize, p.nsize), (ba.dtype, bb.dtype))
+    _FAST[key] = _FastDot(out, (a_side, b_side), swapped, out_shape, (ba.dtype, bb.dtype))
