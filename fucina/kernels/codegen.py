@@ -193,8 +193,9 @@ SWAP_MIN, SWAP_MAX = 512, 2048
 def swap_block(spec: KernelSpec) -> int:
     """Outputs per block of a swapped kernel: its kept rows share :data:`SWAP_BYTES`."""
     size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "int16": 2, "uint16": 2}
-    row = sum(size.get(st.dtype, 1) * (LANES[st.dtype] if lane_reduction(st) else 1)
-              for st in spec.steps if st.level == "kept")
+    # A lane reduction's other lane rows are not counted: each reduced step streams into
+    # one of them (its L rows sit in L2; the longer blocks keep the prefetchers going).
+    row = sum(size.get(st.dtype, 1) for st in spec.steps if st.level == "kept")
     blk = SWAP_MAX
     while blk > SWAP_MIN and blk * row > SWAP_BYTES:
         blk //= 2
