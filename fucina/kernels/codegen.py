@@ -613,8 +613,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             d += 1
         if lane_reds:
             # Reduced step t goes to lane row t % L of a lane reduction (L its lane count).
-            for nl in counts:
-                w(d, f"lo_{nl} = (t % {nl}) * {blk}")
+            for nl in counts:  # lane rows of kl outputs, packed (no cache-set aliasing)
+                w(d, f"lo_{nl} = (t % {nl}) * kl")
             if write_first:
                 w(d, f"first = t < {counts[0]}")
             w(d, "t += 1")
@@ -650,8 +650,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             w(depth, "while hh >= 1:")
             w(depth + 1, "for lr in range(hh):")
             w(depth + 2, f"if lr + hh < m_{nl}:")
-            w(depth + 3, f"lb = lr * {blk}")
-            w(depth + 3, f"hb = (lr + hh) * {blk}")
+            w(depth + 3, "lb = lr * kl")
+            w(depth + 3, "hb = (lr + hh) * kl")
             w(depth + 3, "for j in range(kl):")
             for k in ks:
                 sym = "*" if steps[k].fn == "prod" else "+"
