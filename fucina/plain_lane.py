@@ -30,8 +30,8 @@ from .kernels import batched_gemm
 from .runtime.gradmode import _state as _grad
 from .runtime.gradmode import is_grad_enabled
 from .runtime.raw import RawTensor
-from .runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
-from .tensor.fast import gemm_route, tensor_of
+from .runtime.storage import POOL, POOL_MIN_BYTES
+from .tensor.fast import gemm_route, result, tensor_of
 
 #: Signatures one compiled function keeps in its lane (emptied when it grows past this).
 LANE_SIZE = 64
@@ -275,7 +275,6 @@ def _one_fast(one: Any, typ: Any, n: int) -> Callable[..., Any]:
     v = one.result
     vdt, vshape, vstrides, voff = v.dtype, v.shape, v.strides, v.offset
     tags = typ.axis_tags
-    store = Storage if small else PooledStorage
     take = POOL.take
     empty = np.empty
 
@@ -290,39 +289,8 @@ def _one_fast(one: Any, typ: Any, n: int) -> Callable[..., Any]:
             out = empty(count, dt) if small else take(dt, count)
             oa = ra.offset
             fn(out, ba[oa:] if oa else ba, *tail)
-            # result(out, ctx): Storage, RawTensor, Node and the tensor with every slot
-            # set as their __init__ would (and the exec scope, as fast.tensor_of)
-            st: Any = _new(store)
-            st.buf = out
-            st.refs = 1
-            st.readonly = False
-            st.borrowed = False
-            raw: Any = _new(RawTensor)
-            raw.storage = st
-            raw.dtype = vdt
-            raw.shape = vshape
-            raw.strides = vstrides
-            raw.offset = voff
-            node: Any = _new(Node)
-            node.op = "const"
-            node.inputs = ()
-            node.attrs = {}
-            node.value = raw
-            node.tags = tags
-            node.requires_grad = False
-            node.grad = None
-            obj: Any = _new(typ)
-            obj._node_ = node
-            obj._ctx = ctx
-            obj._scoped = False
-            try:
-                scopes = ctx._local.scopes
-            except AttributeError:
-                scopes = ctx._scopes
-            if scopes:
-                scopes[-1].append(obj)
-                obj._scoped = True
-            return obj
+            return result(typ, ctx, out, small, vdt, vshape, vstrides, voff, "const", {},
+                          tags)
         return run1
 
     d0, d1 = dtypes
@@ -339,39 +307,7 @@ def _one_fast(one: Any, typ: Any, n: int) -> Callable[..., Any]:
         oa = ra.offset
         ob = rb.offset
         fn(out, ba[oa:] if oa else ba, bb[ob:] if ob else bb, *tail)
-        # result(out, ctx): Storage, RawTensor, Node and the tensor with every slot
-        # set as their __init__ would (and the exec scope, as fast.tensor_of)
-        st: Any = _new(store)
-        st.buf = out
-        st.refs = 1
-        st.readonly = False
-        st.borrowed = False
-        raw: Any = _new(RawTensor)
-        raw.storage = st
-        raw.dtype = vdt
-        raw.shape = vshape
-        raw.strides = vstrides
-        raw.offset = voff
-        node: Any = _new(Node)
-        node.op = "const"
-        node.inputs = ()
-        node.attrs = {}
-        node.value = raw
-        node.tags = tags
-        node.requires_grad = False
-        node.grad = None
-        obj: Any = _new(typ)
-        obj._node_ = node
-        obj._ctx = ctx
-        obj._scoped = False
-        try:
-            scopes = ctx._local.scopes
-        except AttributeError:
-            scopes = ctx._scopes
-        if scopes:
-            scopes[-1].append(obj)
-            obj._scoped = True
-        return obj
+        return result(typ, ctx, out, small, vdt, vshape, vstrides, voff, "const", {}, tags)
     return run2
 
 
@@ -441,26 +377,7 @@ def _gemm_fast(n: Node, raws: list[RawTensor], typ: Any) -> Callable[..., Any] |
         else:
             out = np.empty(count, dt) if small else POOL.take(dt, count)
             gemm(A, B, out.reshape(out_shape))
-        st: Any = _new(Storage if small else PooledStorage)
-        st.buf = out
-        st.refs = 1
-        st.readonly = False
-        st.borrowed = False
-        raw: Any = _new(RawTensor)
-        raw.storage = st
-        raw.dtype = vdt
-        raw.shape = vshape
-        raw.strides = vstrides
-        raw.offset = 0
-        node: Any = _new(Node)
-        node.op = "const"
-        node.inputs = ()
-        node.attrs = {}
-        node.value = raw
-        node.tags = tags
-        node.requires_grad = False
-        node.grad = None
-        return tensor_of(typ, node, ctx)
+        return result(typ, ctx, out, small, vdt, vshape, vstrides, 0, "const", {}, tags)
     return run2
 
 

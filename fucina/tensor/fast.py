@@ -86,41 +86,37 @@ def _remember(key: Any, inputs: tuple[Node, ...], op: str, attrs: dict[str, Any]
 _new = object.__new__
 
 
-def _wrap(f: Any, out: np.ndarray, ctx: Any, attrs: dict[str, Any]) -> Any:
-    """The result tensor around ``out``: what ``emit`` and ``result`` make, built
-    without the constructors' call overhead (every slot of Storage, RawTensor, Node
-    and the tensor is set here, as their ``__init__`` would)."""
-    st: Any = _new(Storage if f.small else PooledStorage)
+def result(cls: Any, ctx: Any, out: np.ndarray, small: bool, dtype: Any, shape: Any,
+           strides: Any, offset: int, op: str, attrs: dict[str, Any], tags: Any) -> Any:
+    """A ``cls`` tensor around the fresh buffer ``out``: what ``emit`` and ``result``
+    make, built without the constructors' call overhead (every slot of Storage,
+    RawTensor and Node is set here, as their ``__init__`` would). The one builder of
+    the eager fast paths and the compiled plain lane."""
+    st: Any = _new(Storage if small else PooledStorage)
     st.buf = out
     st.refs = 1
     st.readonly = False
     st.borrowed = False
     raw: Any = _new(RawTensor)
     raw.storage = st
-    raw.dtype = f.dtype
-    raw.shape = f.shape
-    raw.strides = f.strides
-    raw.offset = 0
+    raw.dtype = dtype
+    raw.shape = shape
+    raw.strides = strides
+    raw.offset = offset
     node: Any = _new(Node)
-    node.op = f.op
+    node.op = op
     node.inputs = ()
     node.attrs = attrs
     node.value = raw
-    node.tags = f.tags
+    node.tags = tags
     node.requires_grad = False
     node.grad = None
-    obj: Any = _new(f.cls)  # tensor_of(f.cls, node, ctx), inlined: one call less per op
-    obj._node_ = node
-    obj._ctx = ctx
-    obj._scoped = False
-    try:
-        scopes = ctx._local.scopes
-    except AttributeError:
-        scopes = ctx._scopes
-    if scopes:
-        scopes[-1].append(obj)
-        obj._scoped = True
-    return obj
+    return tensor_of(cls, node, ctx)
+
+
+def _wrap(f: Any, out: np.ndarray, ctx: Any, attrs: dict[str, Any]) -> Any:
+    return result(f.cls, ctx, out, f.small, f.dtype, f.shape, f.strides, 0, f.op, attrs,
+                  f.tags)
 
 
 def tensor_of(cls: Any, node: Node, ctx: Any) -> Any:
@@ -372,27 +368,8 @@ def dot(self: Any, other: Any, contract: Any) -> Any:
         dt = f.np_dtype
         out = np.empty(f.count, dt) if small else POOL.take(dt, f.count)
         f.gemm(A, B, out.reshape(f.out_shape))
-    # the result objects, as _wrap makes them (inlined: one call less per product)
-    st: Any = _new(Storage if small else PooledStorage)
-    st.buf = out
-    st.refs = 1
-    st.readonly = False
-    st.borrowed = False
-    raw: Any = _new(RawTensor)
-    raw.storage = st
-    raw.dtype = f.dtype
-    raw.shape = f.shape
-    raw.strides = f.strides
-    raw.offset = 0
-    node: Any = _new(Node)
-    node.op = "contract"
-    node.inputs = ()
-    node.attrs = f.attrs.copy()
-    node.value = raw
-    node.tags = f.tags
-    node.requires_grad = False
-    node.grad = None
-    return tensor_of(f.cls, node, ctx)
+    return result(f.cls, ctx, out, small, f.dtype, f.shape, f.strides, 0, "contract",
+                  f.attrs.copy(), f.tags)
 
 
 def gemm_route(labels: Any, result: RawTensor, ra: RawTensor, rb: RawTensor) -> Any:
