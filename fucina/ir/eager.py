@@ -86,7 +86,7 @@ class Plan:
         fn = self.fn
         if fn is None:
             self.kernel(*args)  # first call: counts a compile or a disk hit
-            self.fn = self.kernel.fn
+            self.fn = self.kernel.call
             self.in_np = tuple(a.dtype for a in args[1:1 + len(inputs)])
             self.entry = self.kernel.bare(args)
         else:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..dtypes import DType
 from ..errors import InvalidDataLength
-from ..kernels import batched_gemm, gemm, reference, threads
+from ..kernels import batched_gemm, gemm, reference
 from ..kernels import cache as kcache
 from ..kernels import codegen as cg
 from ..runtime.raw import RawTensor, contiguous_strides
@@ -36,9 +36,9 @@ from .gemm_layout import gemm_into_copies
 from .graph import Node, topo_order
 from .ops import OPS, extent_message
 
-#: Total elements from which a generated kernel runs its outer loop in parallel.
+#: Total elements from which a generated kernel runs its outer loop in parallel (on
+#: fucina.kernels.pool's threads, which need no Numba threading layer).
 PARALLEL_MIN = 1 << 18
-_NEVER_PARALLEL = 1 << 62  # no thread-safe threading layer: every kernel runs serial
 #: Idle sets of intermediate buffers a program keeps for its next runs.
 _SCRATCH_SETS = 4
 
@@ -196,8 +196,7 @@ class Program:
                     steps.append(Step("check", node=unit))
                 steps.append(Step("ref", node=unit, gemm=gemm_plan(unit)))
                 continue
-            built = build(unit, fuser, needed,
-                          PARALLEL_MIN if threads.THREAD_SAFE else _NEVER_PARALLEL)
+            built = build(unit, fuser, needed, PARALLEL_MIN)
             if built.outputs:  # a kernel nothing observes is dead
                 steps.append(Step("kernel", built=built,
                                   kernel=kcache.load(cg.generate(built.spec))))
@@ -430,7 +429,7 @@ class Program:
             fn = bare[0]
             if fn is None:
                 kernel(*pick(bufs), *tail)
-                bare[0] = kernel.fn
+                bare[0] = kernel.call
             else:
                 fn(*pick(bufs), *tail)
         return run, outs

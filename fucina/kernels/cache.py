@@ -25,9 +25,10 @@ import numba
 from numba.core.compiler_lock import global_compiler_lock
 
 from ..runtime.lru import LRU
+from . import pool
 from .vecmath import target_key
 
-_VERSION = "3"  # bump when generated code conventions change
+_VERSION = "4"  # bump when generated code conventions change
 
 #: The loop vectorizer's interleave count for generated kernels (LLVM's
 #: ``-force-vector-interleave``; 0 leaves it to LLVM's cost model). LLVM interleaves a
@@ -99,22 +100,40 @@ _LOCK = threading.Lock()
 
 
 class Kernel:
-    """A generated kernel: its source, a stable name and the Numba dispatcher."""
+    """A generated kernel: its source, a stable name and the Numba dispatcher.
 
-    __slots__ = ("name", "source", "fn", "_first", "user_fns")
+    A parallel kernel (``outer`` set: the position of ``n0`` in its arguments and
+    the outputs per outer iteration) takes a chunk ``c0, c1`` of its outer loop
+    before the arguments; calling the Kernel runs every chunk on the pool's threads.
+    """
 
-    def __init__(self, name: str, source: str, fn: Any, user_fns: tuple[str, ...] = ()):
+    __slots__ = ("name", "source", "fn", "_first", "user_fns", "outer", "call")
+
+    def __init__(self, name: str, source: str, fn: Any, user_fns: tuple[str, ...] = (),
+                 outer: tuple[int, int] | None = None):
         self.name = name
         self.source = source
         self.fn = fn
         self._first = True
         self.user_fns = user_fns  # registry keys of the user scalar functions it calls
+        self.outer = outer
+        #: Runs the kernel through Numba's type dispatch (after a first call, which
+        #: :meth:`__call__` makes to account for it): the dispatcher, or for a
+        #: parallel kernel the chunked runner over it.
+        self.call: Callable[..., None] = fn if outer is None else _chunked(fn, outer)
+
+    def _run(self, entry: Callable[..., None], args: tuple[Any, ...]) -> None:
+        if self.outer is None:
+            entry(*args)
+            return
+        at, per = self.outer
+        pool.run(entry, -(-args[at] // per), args)
 
     def __call__(self, *args: Any) -> None:
         try:
             if self._first:
-                _compile(self.fn, args)
-            self.fn(*args)
+                _compile(self.fn, (0, 0, *args) if self.outer is not None else args)
+            self._run(self.fn, args)
         except numba.core.errors.NumbaError as e:
             if not self.user_fns:
                 raise
@@ -138,15 +157,29 @@ class Kernel:
         ones given here (storage buffers are 1-D and C-contiguous by construction).
         """
         fn = self.fn
+        if self.outer is not None:
+            args = (0, 0, *args)
         try:
             sig = tuple(fn.typeof_pyval(a) for a in args)
         except (ValueError, TypeError):
-            return fn
-        cres = fn.overloads.get(sig)
-        return fn if cres is None else cres.entry_point
+            sig = None
+        cres = None if sig is None else fn.overloads.get(sig)
+        entry = fn if cres is None else cres.entry_point
+        return entry if self.outer is None else _chunked(entry, self.outer)
 
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"
+
+
+def _chunked(entry: Callable[..., None], outer: tuple[int, int]) -> Callable[..., None]:
+    """A runner calling ``entry`` (a parallel kernel) over chunks of its outer loop."""
+    at, per = outer
+    run = pool.run
+
+    def chunked(*args: Any) -> None:
+        run(entry, -(-args[at] // per), args)
+
+    return chunked
 
 
 def _compile(fn: Any, args: tuple[Any, ...]) -> None:
@@ -202,7 +235,8 @@ def load(source: str) -> Kernel:
         module = importlib.util.module_from_spec(spec)
         sys.modules[modname] = module
         spec.loader.exec_module(module)
-        k = Kernel(f"k_{key}", source, module.kernel, getattr(module, "USER_FNS", ()))
+        k = Kernel(f"k_{key}", source, module.kernel, getattr(module, "USER_FNS", ()),
+                   getattr(module, "OUTER", None))
         for old in _MEMORY.put(key, k):
             sys.modules.pop(f"fucina_kernel_{old.name[2:]}", None)
         _INFO.kernels += 1

@@ -8,7 +8,8 @@ workqueue, which aborts the process when two threads launch parallel kernels
 at once. Before any kernel is compiled this module loads the wheel's library
 by its path (``RTLD_GLOBAL``): the loader then resolves Numba's own
 ``libtbb.so.12`` dependency to it. If no thread-safe layer (TBB or OpenMP)
-can load, generated kernels are built serial, so concurrent calls stay safe.
+can load, the stacked GEMM kernel is not used, so concurrent calls stay safe.
+(Generated kernels never use Numba's layer: see :mod:`fucina.kernels.pool`.)
 
 Where Numba will run on OpenMP (no TBB, or the user asked for ``omp``), its
 OpenMP runtime is loaded here with ``OMP_WAIT_POLICY=PASSIVE`` unless the user
