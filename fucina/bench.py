@@ -906,6 +906,7 @@ def conditions(busy_procs: int = 0) -> dict[str, Any]:
             "load_avg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
             "numpy": np.__version__, "numba": numba.__version__,
             "fucina": F.__version__, "threading_layer": F.internal.threading_layer(),
+            "threads": numba.get_num_threads(),
             "blas": blas_core(), "busy_procs": busy_procs,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch is not None:
@@ -923,7 +924,8 @@ def header(cond: dict[str, Any]) -> str:
         f"CPU: {cond['cpu']} ({cond['machine']}, {cond['cpus']} logical CPUs, "
         f"load {cond['load_avg']})",
         f"ISA: {cond['isa'] or 'baseline'}",
-        f"threading: numba {cond['threading_layer']}"
+        f"threading: generated kernels on fucina's pool ({cond.get('threads', '?')} threads), "
+        f"library kernels on numba {cond['threading_layer']}"
         + (f", torch threads {cond['torch_threads']}" if "torch_threads" in cond else ""),
         f"BLAS: {cond['blas']}",
         f"load: {_load_text(cond.get('busy_procs', 0))}",

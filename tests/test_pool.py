@@ -5,83 +5,86 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numba
 import numpy as np
 import pytest
 
 import fucina as F
-from fucina.kernels import pool
+from fucina.kernels import atomics, pool
 
 
-def _recorder() -> tuple[list[tuple[int, int, str]], object]:
-    seen: list[tuple[int, int, str]] = []
-    lock = threading.Lock()
-
-    def entry(c0: int, c1: int, tag: str) -> None:
-        with lock:
-            seen.append((c0, c1, tag))
-    return seen, entry
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 100, 1001])
-def test_chunks_cover_the_range_exactly_once(n):
-    seen, entry = _recorder()
-    pool.run(entry, n, ("t",))
-    covered = sorted(i for c0, c1, _ in seen for i in range(c0, c1))
-    assert covered == list(range(n))
-    assert all(c0 < c1 and tag == "t" for c0, c1, tag in seen)
-    threads = min(numba.get_num_threads(), n)
-    assert len(seen) == (1 if threads <= 1 else min(n, threads * pool.CHUNKS_PER_THREAD))
+@numba.njit(nogil=True, cache=True)
+def _count(ctl, nch, n, hits):
+    # The protocol of a parallel generated kernel: take chunks, count each one done.
+    while True:
+        c = atomics.fetch_add(ctl, 0, 1)
+        if c >= nch:
+            break
+        for i in range(n * c // nch, n * (c + 1) // nch):
+            hits[i] += 1
+        atomics.fetch_add(ctl, 1, 1)
 
 
-def test_one_thread_runs_one_chunk_on_the_caller():
-    seen: list[tuple[int, int, int]] = []
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16, 17, 100, 1001])
+def test_chunks_cover_the_outer_loop_exactly_once(n):
+    for _ in range(20):
+        hits = np.zeros(n, np.int64)
+        pool.run(_count, n, (n, hits))
+        np.testing.assert_array_equal(hits, np.ones(n, np.int64))
+
+
+def test_one_thread_runs_the_kernel_once_on_the_caller():
+    calls: list[tuple[int, int]] = []
     old = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        pool.run(lambda c0, c1: seen.append((c0, c1, threading.get_ident())), 50, ())
+        pool.run(lambda ctl, nch: calls.append((nch, threading.get_ident())), 50, ())
     finally:
         numba.set_num_threads(old)
-    assert seen == [(0, 50, threading.get_ident())]
+    assert calls == [(1, threading.get_ident())]
 
 
-def test_an_error_in_any_chunk_reaches_the_caller():
+def test_a_workers_error_reaches_the_caller():
     if numba.get_num_threads() < 2:
         pytest.skip("needs two threads")
+    caller = threading.get_ident()
 
-    def entry(c0: int, c1: int) -> None:
-        if c0 <= 37 < c1:
-            raise ValueError(f"chunk {c0}:{c1}")
+    def entry(ctl, nch):
+        if threading.get_ident() == caller:
+            time.sleep(0.05)  # leave the worker time to take a chunk
+            while ctl[0] < nch:  # (under the GIL: a plain add is atomic here)
+                ctl[0] += 1
+                ctl[1] += 1
+        else:
+            ctl[0] += 1  # takes a chunk and fails before finishing it
+            raise ValueError("chunk failed in a worker")
 
-    for _ in range(20):  # whichever thread takes the failing chunk
-        with pytest.raises(ValueError, match="chunk"):
-            pool.run(entry, 100, ())
+    with pytest.raises(ValueError, match="in a worker"):
+        pool.run(entry, 100, ())
 
 
 def test_concurrent_callers_each_get_all_their_chunks():
-    results: dict[int, list[int]] = {}
     errors: list[BaseException] = []
+    ok: list[bool] = []
 
-    def caller(k: int) -> None:
+    def caller() -> None:
         try:
             for _ in range(50):
                 hits = np.zeros(257, np.int64)
-
-                def entry(c0: int, c1: int, hits: np.ndarray) -> None:
-                    hits[c0:c1] += 1
-                pool.run(entry, 257, (hits,))
-                results.setdefault(k, []).append(int(hits.min() == hits.max() == 1))
+                pool.run(_count, 257, (257, hits))
+                ok.append(bool((hits == 1).all()))
         except BaseException as e:
             errors.append(e)
 
-    ts = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    ts = [threading.Thread(target=caller) for _ in range(4)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     assert not errors
-    assert all(all(r) and len(r) == 50 for r in results.values()) and len(results) == 4
+    assert len(ok) == 200 and all(ok)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

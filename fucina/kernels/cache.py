@@ -22,6 +22,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 import numba
+import numpy as np
 from numba.core.compiler_lock import global_compiler_lock
 
 from ..runtime.lru import LRU
@@ -43,7 +44,8 @@ def _deps_hash() -> str:
     """Hash of the modules generated kernels inline: a change there invalidates them."""
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for name in ("scalar_fns.py", "vecmath.py", "codegen.py", "user_fns.py", "lanes.py"):
+    for name in ("scalar_fns.py", "vecmath.py", "codegen.py", "user_fns.py", "lanes.py",
+                 "atomics.py"):
         p = here / name
         if p.exists():
             h.update(p.read_bytes())
@@ -103,8 +105,8 @@ class Kernel:
     """A generated kernel: its source, a stable name and the Numba dispatcher.
 
     A parallel kernel (``outer`` set: the position of ``n0`` in its arguments and
-    the outputs per outer iteration) takes a chunk ``c0, c1`` of its outer loop
-    before the arguments; calling the Kernel runs every chunk on the pool's threads.
+    the outputs per outer iteration) takes a chunk counter and a chunk count before
+    the arguments; calling the Kernel runs it on the pool's threads.
     """
 
     __slots__ = ("name", "source", "fn", "_first", "user_fns", "outer", "call")
@@ -132,7 +134,7 @@ class Kernel:
     def __call__(self, *args: Any) -> None:
         try:
             if self._first:
-                _compile(self.fn, (0, 0, *args) if self.outer is not None else args)
+                _compile(self.fn, (_CTL, 1, *args) if self.outer is not None else args)
             self._run(self.fn, args)
         except numba.core.errors.NumbaError as e:
             if not self.user_fns:
@@ -158,7 +160,7 @@ class Kernel:
         """
         fn = self.fn
         if self.outer is not None:
-            args = (0, 0, *args)
+            args = (_CTL, 1, *args)
         try:
             sig = tuple(fn.typeof_pyval(a) for a in args)
         except (ValueError, TypeError):
@@ -169,6 +171,10 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"
+
+
+#: A chunk counter, only to type a parallel kernel's first two arguments.
+_CTL = np.zeros(2, np.int64)
 
 
 def _chunked(entry: Callable[..., None], outer: tuple[int, int]) -> Callable[..., None]:

@@ -322,9 +322,10 @@ def generate(spec: KernelSpec) -> str:
     args += [f"n{a}" for a in range(nk + nr)]
     args += [f"p{k}" for k in range(spec.nparams)]
     if spec.parallel:
-        # A parallel kernel is serial code over the chunk [c0, c1) of its outer loop;
-        # fucina.kernels.pool runs the chunks on its threads (see chunk_plan).
-        args = ["c0", "c1", *args]
+        # A parallel kernel takes chunks [c0, c1) of its outer loop from the ticket
+        # counter ctl[0] until none of the nch is left, and counts each one done in
+        # ctl[1]: fucina.kernels.pool calls it on several threads at once.
+        args = ["ctl", "nch", *args]
 
     w(0, "import math")
     w(0, "import numpy as np")
@@ -332,6 +333,8 @@ def generate(spec: KernelSpec) -> str:
     w(0, "from fucina.kernels import scalar_fns as sf")
     w(0, "from fucina.kernels import vecmath as vm")
     w(0, "from fucina.kernels import lanes as ln")
+    if spec.parallel:
+        w(0, "from fucina.kernels import atomics as at")
     if spec.user_fns:
         w(0, "from fucina.kernels import user_fns as uf")
         w(0, "")
@@ -350,12 +353,23 @@ def generate(spec: KernelSpec) -> str:
     w(0, f"@njit(cache={spec.cache}, fastmath={FASTMATH}, nogil=True, "
          'error_model="numpy")')
     w(0, f"def kernel({', '.join(args)}):")
+    if spec.parallel:
+        at, per = chunk_plan(spec)
+        w(1, f"nout = (n0 + {per - 1}) // {per}" if per > 1 else "nout = n0")
+        w(1, "while True:")
+        w(2, "c = at.fetch_add(ctl, 0, 1)")
+        w(2, "if c >= nch:")
+        w(3, "break")
+        w(2, "c0 = nout * c // nch")
+        w(2, "c1 = nout * (c + 1) // nch")
     if swapped(spec):
         _swapped_body(spec, w, names_in, names_out, operands)
     elif strip_stages(spec):
         _strip_body(spec, w, names_in, names_out, operands)
     else:
         _row_body(spec, w, names_in, names_out, operands)
+    if spec.parallel:
+        w(2, "at.fetch_add(ctl, 1, 1)")  # after the chunk's stores: they happen before
     w(0, "")
     return "\n".join(w.lines) + "\n"
 
@@ -376,8 +390,9 @@ def _emit_step(spec: KernelSpec, w: _Writer, names_in: list[str], d: int, k: int
 
 def _open_kept_loops(spec: KernelSpec, w: _Writer, operands: list[tuple[str, Operand]],
                      nloops: int) -> int:
-    """The first ``nloops`` kept loops (the first parallel); returns the body depth."""
-    depth = 1
+    """The first ``nloops`` kept loops (the first over the chunk ``[c0, c1)`` when
+    parallel, inside the chunk loop); returns the body depth."""
+    depth = 2 if spec.parallel else 1
     if spec.nk == 0:
         w(depth, "if True:")
         depth += 1
@@ -399,7 +414,7 @@ def block_outer(spec: KernelSpec) -> int:
 
 
 def chunk_plan(spec: KernelSpec) -> tuple[int, int]:
-    """(position of ``n0`` among the arguments after ``c0, c1``, outputs per outer
+    """(position of ``n0`` among the arguments after ``ctl, nch``, outputs per outer
     iteration): a parallel kernel's outer loop has ``ceil(n0 / per)`` iterations."""
     nops = len(spec.inputs) + len(spec.outputs)
     strides = sum(p == STRIDED for op in spec.inputs for p in op.pattern) + sum(

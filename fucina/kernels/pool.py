@@ -1,69 +1,61 @@
-"""The threads that run a parallel generated kernel's outer loop in chunks.
+"""The threads that run a parallel generated kernel.
 
-A parallel generated kernel is serial, ``nogil`` code over a chunk ``[c0, c1)``
-of its outer loop (:func:`fucina.kernels.codegen.chunk_plan`). Numba's own
-``parallel=True`` would lower the same loop through its parfor pipeline, which
-took 3-4x the compile time of the serial kernel; the chunks need no compiler.
+A parallel generated kernel shares out its own outer loop: each thread that
+calls it takes chunks from a ticket counter and counts the chunks it finishes,
+with atomic adds in native code (:mod:`fucina.kernels.atomics`,
+:func:`fucina.kernels.codegen.chunk_plan`). :func:`run` posts the call to the
+pool's sleeping workers, then calls the kernel itself; a worker that wakes late
+finds fewer chunks (or none) left, and the caller waits only for chunks already
+taken, spinning in native code without the GIL. Each thread touches the GIL
+once per kernel call, never between chunks: Python threads handing the GIL
+back and forth between chunks measured 3x slower than one thread on a busy
+2-core machine.
 
-:func:`run` cuts the outer loop into a few chunks per thread. The calling thread
-and the pool's workers take chunks from one shared ticket counter until none is
-left, so a worker that wakes late (a busy machine) just takes fewer chunks, and
-the caller never waits for a thread that has not started: it waits only for
-chunks already taken. Workers sleep on a queue (no spinning that would take a
-core from BLAS or another process). The thread count is Numba's
-(``numba.get_num_threads()``, so ``numba.set_num_threads`` applies to these
-kernels as to Numba's own). Chunks never change a value: each output is
-computed by the same code whichever thread takes its chunk.
+Numba's own ``parallel=True`` would lower the same loop through its parfor
+pipeline, which took 3-4x the compile time of the serial kernel. The thread
+count is Numba's (``numba.get_num_threads()``), so ``numba.set_num_threads``
+applies to these kernels as to Numba's own. Chunks never change a value: each
+output is computed by the same code whichever thread takes its chunk.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba
+import numpy as np
+
+from .atomics import wait_done
 
 __all__ = ["CHUNKS_PER_THREAD", "run"]
 
-#: Chunks per thread: enough for a late or descheduled thread to be balanced out,
-#: few enough that the per-chunk call (argument unboxing, ~1-2 us) stays small.
-CHUNKS_PER_THREAD = 4
+#: Chunks per thread: a late or descheduled thread is balanced out by the others.
+CHUNKS_PER_THREAD = 8
+#: Counter reads per native wait before the caller checks for a worker's error.
+_SPINS = 1 << 16
 
 
 class _Job:
-    """One kernel call cut into chunks: any thread calls :meth:`work` to help."""
+    __slots__ = ("entry", "ctl", "nch", "args", "error")
 
-    __slots__ = ("entry", "args", "bounds", "ticket", "lock", "left", "done", "error")
-
-    def __init__(self, entry: Callable[..., None], args: Sequence[Any], n: int,
-                 nchunks: int) -> None:
+    def __init__(self, entry: Callable[..., None], ctl: np.ndarray, nch: int,
+                 args: Sequence[Any]) -> None:
         self.entry = entry
+        self.ctl = ctl
+        self.nch = nch
         self.args = args
-        self.bounds = [n * c // nchunks for c in range(nchunks + 1)]
-        self.ticket = itertools.count()  # next() is atomic under the GIL
-        self.lock = threading.Lock()
-        self.left = nchunks
-        self.done = threading.Event()
         self.error: BaseException | None = None
 
     def work(self) -> None:
-        bounds, nchunks = self.bounds, len(self.bounds) - 1
-        while True:
-            c = next(self.ticket)
-            if c >= nchunks:
-                return
-            try:
-                self.entry(bounds[c], bounds[c + 1], *self.args)
-            except BaseException as e:  # reported by the caller, never lost in a worker
-                self.error = e
-            with self.lock:
-                self.left -= 1
-                if self.left == 0:
-                    self.done.set()
+        try:
+            self.entry(self.ctl, self.nch, *self.args)
+        except BaseException as e:  # reported by the caller, never lost in a worker
+            self.error = e
 
 
 class _Pool:
@@ -92,7 +84,7 @@ _POOL = _Pool()
 
 
 def _after_fork() -> None:
-    # A forked child has none of the parent's threads: start its own when needed.
+    # A forked child has none of the parent's threads: it starts its own when needed.
     global _POOL
     _POOL = _Pool()
 
@@ -102,17 +94,23 @@ if hasattr(os, "register_at_fork"):
 
 
 def run(entry: Callable[..., None], n: int, args: Sequence[Any]) -> None:
-    """Call ``entry(c0, c1, *args)`` over chunks covering ``range(n)``, in parallel."""
+    """Call ``entry(ctl, nch, *args)``, a kernel whose outer loop has ``n`` iterations,
+    on up to ``numba.get_num_threads()`` threads; returns when every chunk is done."""
     threads = min(numba.get_num_threads(), n)
+    ctl = np.zeros(2, np.int64)
     if threads <= 1:
-        entry(0, n, *args)
+        entry(ctl, 1, *args)
         return
-    job = _Job(entry, args, n, min(n, threads * CHUNKS_PER_THREAD))
+    nch = min(n, threads * CHUNKS_PER_THREAD)
+    job = _Job(entry, ctl, nch, args)
     pool = _POOL
     pool.ensure(threads - 1)
     for _ in range(threads - 1):
         pool.jobs.put(job)
-    job.work()
-    job.done.wait()
+    entry(ctl, nch, *args)
+    while not wait_done(ctl, nch, _SPINS):  # a chunk still running on a worker
+        if job.error is not None:
+            raise job.error
+        time.sleep(0)
     if job.error is not None:
         raise job.error
