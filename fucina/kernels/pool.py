@@ -29,6 +29,7 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba.np.ufunc import parallel as _parallel
 
 from .atomics import wait_done
 
@@ -93,10 +94,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def _num_threads() -> int:
+    """``numba.get_num_threads()`` without its launch check, which takes a process-wide
+    lock on every call (3.6 us, most of this module's cost per kernel call)."""
+    get = getattr(_parallel, "_get_num_threads", None)
+    n = get() if get is not None and getattr(_parallel, "_is_initialized", False) else 0
+    return n if n > 0 else numba.get_num_threads()
+
+
 def run(entry: Callable[..., None], n: int, args: Sequence[Any]) -> None:
     """Call ``entry(ctl, nch, *args)``, a kernel whose outer loop has ``n`` iterations,
     on up to ``numba.get_num_threads()`` threads; returns when every chunk is done."""
-    threads = min(numba.get_num_threads(), n)
+    threads = min(_num_threads(), n)
     ctl = np.zeros(2, np.int64)
     if threads <= 1:
         entry(ctl, 1, *args)
