@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from .ir.execute import _local
+from .ir.execute import TRACING, _local
 from .ir.graph import Node
 from .kernels import batched_gemm
+from .runtime.gradmode import NO_GRAD_OPEN, is_grad_enabled
 from .runtime.gradmode import _state as _grad
-from .runtime.gradmode import is_grad_enabled
 from .runtime.raw import RawTensor
 from .runtime.storage import POOL, POOL_MIN_BYTES
 from .tensor.fast import gemm_route, result, tensor_of
@@ -37,6 +37,7 @@ from .tensor.fast import gemm_route, result, tensor_of
 LANE_SIZE = 64
 
 MISS = object()
+_NO = object()  # a positional parameter of enter the call did not fill
 _new = object.__new__
 
 
@@ -76,46 +77,67 @@ class _Route:
                 self.gemm = None  # a layout the product cannot take as views
 
 
-def enter(self: Any, *args: Any, **kwargs: Any) -> Any:
+def enter(self: Any, a: Any = _NO, b: Any = _NO, /, *rest: Any, **kwargs: Any) -> Any:
     """``Compiled.__call__``: a one- or two-tensor call runs here when its signature is
     in the lane with an inline runner (the checks of :meth:`PlainLane.call`, in one frame);
-    any other call goes to :meth:`PlainLane.call`, then the general path."""
+    any other call goes to :meth:`PlainLane.call`, then the general path.
+
+    (The two leading positional-only parameters spare the common call building an
+    ``args`` tuple; a call passes :data:`_NO` for neither, see :func:`_other`.)"""
+    if rest or kwargs:
+        return _other(self, a, b, rest, kwargs)
+    if b is not _NO:
+        # Only tensor types are keys of the table, so anything else misses there; an
+        # object that is no tensor may fail any of these reads: the general path.
+        try:
+            na, nb = a._node_, b._node_
+            ctx = a._ctx
+            ra, rb = na.value, nb.value
+            route = self._lane.table.get((not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a),
+                                          ra.shape, ra.strides, type(b), rb.shape,
+                                          rb.strides)) \
+                if b._ctx is ctx and ra.storage is not rb.storage \
+                and not (na.requires_grad or nb.requires_grad or ctx.closed) else None
+        except Exception:
+            route = None
+        if route is not None and route.fast is not None \
+                and (not TRACING[0] or _local.tracer is None):
+            hit = route.fast(ra, rb, ctx)
+            if hit is not MISS:
+                return hit
+        args: tuple[Any, ...] = (a, b)
+    elif a is not _NO:
+        try:
+            na = a._node_
+            ctx = a._ctx
+            ra = na.value
+            route = self._lane.table.get((not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a),
+                                          ra.shape, ra.strides)) \
+                if not (na.requires_grad or ctx.closed) else None
+        except Exception:
+            route = None
+        if route is not None and route.fast is not None \
+                and (not TRACING[0] or _local.tracer is None):
+            hit = route.fast(ra, ctx)
+            if hit is not MISS:
+                return hit
+        args = (a,)
+    else:
+        args = ()
+    hit = self._lane.call(args)
+    if hit is not MISS:
+        return hit
+    return self._general(args, {})
+
+
+def _other(self: Any, a: Any, b: Any, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """:func:`enter` for a call of more than two positional arguments or with keyword
+    arguments: the lane for the first (no keywords), then the general path."""
+    args = (a, *rest) if b is _NO else (a, b, *rest)  # (a keyword-only call: a is _NO)
+    if a is _NO:
+        args = ()
     if not kwargs:
-        lane = self._lane
-        n = len(args)
-        if n == 2:
-            a, b = args
-            # Only tensor types are keys of the table, so anything else misses there; an
-            # object that is no tensor may fail any of these reads: the general path.
-            try:
-                na, nb = a._node_, b._node_
-                ctx = a._ctx
-                ra, rb = na.value, nb.value
-                route = lane.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides,
-                                        type(b), rb.shape, rb.strides)) \
-                    if b._ctx is ctx and ra.storage is not rb.storage \
-                    and not (na.requires_grad or nb.requires_grad or ctx.closed) else None
-            except Exception:
-                route = None
-            if route is not None and route.fast is not None and _local.tracer is None:
-                hit = route.fast(ra, rb, ctx)
-                if hit is not MISS:
-                    return hit
-        elif n == 1:
-            a = args[0]
-            try:
-                na = a._node_
-                ctx = a._ctx
-                ra = na.value
-                route = lane.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides)) \
-                    if not (na.requires_grad or ctx.closed) else None
-            except Exception:
-                route = None
-            if route is not None and route.fast is not None and _local.tracer is None:
-                hit = route.fast(ra, ctx)
-                if hit is not MISS:
-                    return hit
-        hit = lane.call(args)
+        hit = self._lane.call(args)
         if hit is not MISS:
             return hit
     return self._general(args, kwargs)
@@ -148,9 +170,9 @@ class PlainLane:
             ra, rb = na.value, nb.value
             if ra.storage is rb.storage:
                 return MISS
-            route = self.table.get((_grad.depth == 0, ta, ra.shape, ra.strides, tb, rb.shape,
-                                    rb.strides))
-            if route is None or _local.tracer is not None:
+            route = self.table.get((not NO_GRAD_OPEN[0] or _grad.depth == 0, ta, ra.shape,
+                                    ra.strides, tb, rb.shape, rb.strides))
+            if route is None or (TRACING[0] and _local.tracer is not None):
                 return MISS
             fast = route.fast
             if fast is not None:
@@ -171,8 +193,9 @@ class PlainLane:
             if ctx.closed:
                 return MISS
             ra = na.value
-            route = self.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides))
-            if route is None or _local.tracer is not None:
+            route = self.table.get((not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a),
+                                    ra.shape, ra.strides))
+            if route is None or (TRACING[0] and _local.tracer is not None):
                 return MISS
             fast = route.fast
             if fast is not None:
@@ -182,7 +205,7 @@ class PlainLane:
             if ra.storage.buf is None:
                 return MISS
             return self.run(route, [ra], ctx)
-        key: list[Any] = [_grad.depth == 0]
+        key: list[Any] = [not NO_GRAD_OPEN[0] or _grad.depth == 0]
         raws = []
         storages: list[Any] = []
         ctx = None
@@ -211,7 +234,7 @@ class PlainLane:
             raws.append(raw)
             key += (t, raw.shape, raw.strides)
         route = self.table.get(tuple(key))
-        if route is None or _local.tracer is not None:
+        if route is None or (TRACING[0] and _local.tracer is not None):
             return MISS
         return self.run(route, raws, ctx)
 
