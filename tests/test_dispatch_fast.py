@@ -300,7 +300,7 @@ def test_plain_lane_one_argument_inline_matches_eager(ctx):
     for fn, eager in ((f, lambda t: t.exp()), (g, lambda t: t.sum("c"))):
         outs = [fn(a) for _ in range(4)]  # trace, learn, first lane run, inline runs
         (route,) = fn._lane.table.values()
-        assert route.fast is not None  # the inline runner is in use
+        assert route.kernel is not None  # the inline run is in use
         for o in outs:
             assert type(o) is type(eager(a))
             np.testing.assert_array_equal(o.numpy(), eager(a).numpy())
@@ -330,8 +330,8 @@ def test_plain_lane_bad_inputs_raise_as_eager(ctx):
     for _ in range(4):  # the signatures are in the lane with inline runners
         add(a, b)
         ex(a)
-    assert all(r.fast is not None for r in add._lane.table.values())
-    assert all(r.fast is not None for r in ex._lane.table.values())
+    assert all(r.kernel is not None for r in add._lane.table.values())
+    assert all(r.kernel is not None for r in ex._lane.table.values())
     other = F.ExecContext()
     bad = {
         "wrong shape": R.from_numpy(ctx, arr(3, 3)),
