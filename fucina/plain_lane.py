@@ -128,11 +128,13 @@ def enter(self: Any, a: Any = _NO, b: Any = _NO, /, *rest: Any, **kwargs: Any) -
             ctx = a._ctx
             ra, rb = na.value, nb.value
             sa, sb = ra.storage, rb.storage
-            route = self._lane.table.get((not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a),
-                                          ra.shape, ra.strides, type(b), rb.shape,
-                                          rb.strides)) \
-                if b._ctx is ctx and sa is not sb \
-                and not (na.requires_grad or nb.requires_grad or ctx.closed) else None
+            if b._ctx is ctx and sa is not sb \
+                    and not (na.requires_grad or nb.requires_grad or ctx.closed):
+                key: tuple[Any, ...] = (not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a),
+                                        ra.shape, ra.strides, type(b), rb.shape, rb.strides)
+                lane = self._lane
+                last = lane.last
+                route = last[1] if key == last[0] else lane.find(key)
         except Exception:
             route = None
         if route is not None and (not TRACING[0] or _local.tracer is None):
@@ -156,9 +158,11 @@ def enter(self: Any, a: Any = _NO, b: Any = _NO, /, *rest: Any, **kwargs: Any) -
             na = a._node_
             ctx = a._ctx
             ra = na.value
-            route = self._lane.table.get((not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a),
-                                          ra.shape, ra.strides)) \
-                if not (na.requires_grad or ctx.closed) else None
+            if not (na.requires_grad or ctx.closed):
+                key = (not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a), ra.shape, ra.strides)
+                lane = self._lane
+                last = lane.last
+                route = last[1] if key == last[0] else lane.find(key)
         except Exception:
             route = None
         if route is not None and (not TRACING[0] or _local.tracer is None):
@@ -224,11 +228,21 @@ def _other(self: Any, a: Any, b: Any, rest: tuple[Any, ...], kwargs: dict[str, A
 class PlainLane:
     """The plain-call table of one compiled function."""
 
-    __slots__ = ("table", "types")
+    __slots__ = ("table", "types", "last")
 
     def __init__(self) -> None:
         self.table: dict[Any, _Route] = {}
         self.types: set[type] = set()  # tensor types of the arguments seen in the table
+        # The signature key :func:`enter` found last, and its route: a call repeating it
+        # compares keys (no hashing of their shape and stride tuples, no table probe).
+        self.last: tuple[tuple[Any, ...], _Route | None] = ((), None)
+
+    def find(self, key: tuple[Any, ...]) -> _Route | None:
+        """The route of signature ``key``, or None; remembered as :attr:`last`."""
+        route = self.table.get(key)
+        if route is not None:
+            self.last = (key, route)
+        return route
 
     def call(self, args: tuple[Any, ...]) -> Any:
         """The call's result, or :data:`MISS` (take the general path). (A signature's
@@ -350,6 +364,7 @@ class PlainLane:
             return  # every argument is on one context: results live there too
         if len(self.table) >= LANE_SIZE:
             self.table.clear()
+            self.last = ((), None)
         self.types.update(type(a) for a in args)
         self.table[tuple(key)] = _Route(entry.program, list(entry.out_types), entry.structure,
                                         rebuild)

@@ -547,3 +547,52 @@ def test_open_counters_track_blocks_across_threads(ctx):
         np.testing.assert_array_equal(o.numpy(), want)
     assert {k[0] for k in f._lane.table} == {True, False}  # grad mode keys the lane
     assert (NO_GRAD_OPEN[0], SCOPES_OPEN[0], TRACING[0]) == base
+
+
+def test_plain_lane_last_signature_and_result_storage(ctx, monkeypatch):
+    """The lane's remembered last signature never serves another one (shape, strides,
+    grad mode, arity), survives the table being emptied, and an inline run's result is
+    built as the eager op builds it (pooled storage for a large result, a fresh buffer
+    every call)."""
+    from fucina import plain_lane
+
+    x, y = arr(2, 3), arr(2, 3)
+    a, b = R.from_numpy(ctx, x), R.from_numpy(ctx, y)
+    a4, b4 = R.from_numpy(ctx, arr(4, 3)), R.from_numpy(ctx, arr(4, 3))
+    t = C.from_numpy(ctx, arr(3, 2)).permute_to(("r", "c"))  # same shape, other strides
+    f = F.compile(lambda p, q: p.mul(q))
+    calls = [(a, b), (a4, b4), (a, t), (t, b)] * 3
+    for p, q in calls:  # alternating signatures: each call its own
+        np.testing.assert_array_equal(f(p, q).numpy(), p.numpy() * q.numpy())
+    # an equal key made of other tuple objects still finds the route
+    a_again = R.from_numpy(ctx, x.copy())
+    assert a_again.as_raw_tensor().shape is not a.as_raw_tensor().shape
+    f(a, b)
+    np.testing.assert_array_equal(f(a_again, b).numpy(), x * y)
+    assert f._lane.last[0] == (True, R, (2, 3), (3, 1), R, (2, 3), (3, 1))
+    with F.no_grad():  # (the first call traces, the next ones find the route)
+        for _ in range(3):
+            np.testing.assert_array_equal(f(a, b).numpy(), x * y)
+        assert f._lane.last[0][0] is False
+    np.testing.assert_array_equal(f(a, b).numpy(), x * y)
+    assert f._lane.last[0][0] is True
+
+    monkeypatch.setattr(plain_lane, "LANE_SIZE", 2)
+    g = F.compile(lambda p, q: p.add(q))
+    for p, q in [(a, b), (a, b), (a4, b4), (a4, b4), (a, t), (a, t)]:
+        np.testing.assert_array_equal(g(p, q).numpy(), p.numpy() + q.numpy())
+    assert len(g._lane.table) <= 2 and g._lane.last[1] in g._lane.table.values()
+
+    big = arr(128, 256)  # well above the pool threshold
+    u, v = R.from_numpy(ctx, big), R.from_numpy(ctx, big[::-1].copy())
+    h = F.compile(lambda p, q: p.sub(q))
+    e = F.compile(lambda p: p.exp())
+    outs = [h(u, v) for _ in range(4)]
+    exps = [e(u) for _ in range(4)]
+    assert h._lane.last[1].kernel is not None and e._lane.last[1].kernel is not None
+    for o in outs:
+        np.testing.assert_array_equal(o.numpy(), u.sub(v).numpy())
+        assert type(o.as_raw_tensor().storage) is type(u.sub(v).as_raw_tensor().storage)
+    for o in exps:
+        np.testing.assert_array_equal(o.numpy(), u.exp().numpy())
+    assert len({id(o.as_raw_tensor().storage.buf) for o in outs + exps}) == 8
