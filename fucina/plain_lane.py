@@ -98,12 +98,12 @@ class _Route:
         if one is not None:
             if one.entry is not None:
                 v = one.result
-                self.layout = _layout(typ, one.small, v)
+                self.layout = _layout(typ, one.small, v, v.offset)
                 self.kernel = _kernel(one)
         elif self.gemm is not None:
             v = self.gemm.value
             small = v.numel * np.dtype(v.dtype.storage).itemsize < POOL_MIN_BYTES
-            self.layout = _layout(typ, small, v)
+            self.layout = _layout(typ, small, v, 0)  # (the product's buffer is its own)
             self.fast = _gemm_fast(self.gemm, raws, small)
             if self.fast is None:
                 self.gemm = None  # a layout the product cannot take as views
@@ -379,9 +379,10 @@ def _kernel(one: Any) -> _Kernel:
     return (one.entry, *one.dtypes, one.count, one.dt, one.small, one.tail)
 
 
-def _layout(typ: Any, small: bool, v: RawTensor) -> _Layout:
-    """The :data:`_Layout` of a ``typ`` result laid out as ``v`` (the program's)."""
-    return (typ, small, v.dtype, v.shape, v.strides, v.offset, typ.axis_tags)
+def _layout(typ: Any, small: bool, v: RawTensor, offset: int) -> _Layout:
+    """The :data:`_Layout` of a ``typ`` result laid out as ``v`` (the program's) from
+    ``offset`` in its buffer."""
+    return (typ, small, v.dtype, v.shape, v.strides, offset, typ.axis_tags)
 
 
 def _one_gemm(program: Any) -> Any:
