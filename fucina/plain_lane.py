@@ -21,7 +21,7 @@ raises as it always does.
 Why written out, not called: a compiled one-op call pays for calling an instance
 (``slot_tp_call``: an argument tuple, the ``__call__`` lookup, the ``self``
 prepend, a keyword dict; about 0.1 us on Zen 3) where the eager op pays for a
-bound-method call. The frames ``enter`` saves (the runner, ``result``,
+bound-method call. The frames ``enter`` saves (the kernel's runner, ``result``,
 ``tensor_of``) are what keep the compiled one-op call no slower than the eager op.
 """
 
@@ -115,7 +115,8 @@ def enter(self: Any, a: Any = _NO, b: Any = _NO, /, *rest: Any, **kwargs: Any) -
     any other call goes to :meth:`PlainLane.call`, then the general path.
 
     (The two leading positional-only parameters spare the common call building an
-    ``args`` tuple; a call passes :data:`_NO` for neither, see :func:`_other`.)"""
+    ``args`` tuple; :data:`_NO`, private, marks one the call left unfilled. Keyword
+    arguments, even ones named ``a`` or ``b``, land in ``kwargs``: :func:`_other`.)"""
     if rest or kwargs:
         return _other(self, a, b, rest, kwargs)
     out = None  # the result buffer, once an inline run made it
