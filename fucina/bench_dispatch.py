@@ -2,10 +2,10 @@
 
 Each row times a tiny eager op against torch's same op (``add``, ``mul``, ``exp``,
 ``sum`` on 8 elements, ``dot`` of two 8x8 matrices), and a compiled one-op
-function (add, exp, sum, dot) against the eager op. The work is negligible, so the times are the
-libraries' Python and dispatch overhead. The implementations are timed in
-alternation over several rounds and each keeps its best, so a burst of load on
-a shared machine does not land on one side only.
+function (add, mul, exp, sum, dot) against the eager op. The work is negligible,
+so the times are the libraries' Python and dispatch overhead. The implementations
+are timed in alternation over several rounds and each keeps its best, so a burst
+of load on a shared machine does not land on one side only.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def dispatch_cases(case: type, best_time: Callable[..., Any], quick: bool) -> li
         cases.append(c)
     compiled: list[tuple[str, Callable[..., Any], tuple[Any, ...], Callable[[], Any]]] = [
         ("add [8]", lambda p, q: p.add(q), (a, b), lambda: a.add(b)),
+        ("mul [8]", lambda p, q: p.mul(q), (a, b), lambda: a.mul(b)),
         ("exp [8]", lambda p: p.exp(), (a,), lambda: a.exp()),
         ("sum [8]", lambda p: p.sum("d"), (a,), lambda: a.sum("d")),
         ("dot [8x8].[8x8]", lambda p, q: p.dot(q, "k"), (xm, xw), lambda: xm.dot(xw, "k")),

@@ -9,12 +9,20 @@ calls on what the general signature key holds for them (grad mode, and per
 argument its type, shape and strides) and runs the traced program directly.
 
 :func:`enter` is ``Compiled.__call__``: a call of one or two tensors whose
-program is one kernel reading them (add, exp, sum...) or one planned GEMM of
-them (dot) runs inline from there, after the same checks, through a runner made
-after the signature's first lane run (the kernel's compiled entry point, or the
-GEMM's matrix views and product call, shared with the eager fast dot). Any other
-call takes :meth:`PlainLane.call`, then the general path, which decides and
+program is one kernel reading them (add, exp, sum...) runs inline there, after
+the same checks, from the kernel's compiled entry point (a :data:`_Kernel` tuple
+made after the signature's first lane run); a call whose program is one planned
+GEMM of them (dot) runs through a runner made then (the GEMM's matrix views and
+product call, shared with the eager fast dot). ``enter`` then builds the result
+tensor itself (the body of :func:`fucina.tensor.fast.result`, written out). Any
+other call takes :meth:`PlainLane.call`, then the general path, which decides and
 raises as it always does.
+
+Why written out, not called: a compiled one-op call pays for calling an instance
+(``slot_tp_call``: an argument tuple, the ``__call__`` lookup, the ``self``
+prepend, a keyword dict; about 0.1 us on Zen 3) where the eager op pays for a
+bound-method call. The frames ``enter`` saves (the kernel's runner, ``result``,
+``tensor_of``) are what keep the compiled one-op call no slower than the eager op.
 """
 
 from __future__ import annotations
@@ -24,28 +32,44 @@ from typing import Any
 
 import numpy as np
 
-from .ir.execute import _local
+from .ir.execute import TRACING, _local
 from .ir.graph import Node
 from .kernels import batched_gemm
+from .runtime.context import SCOPES_OPEN
+from .runtime.gradmode import NO_GRAD_OPEN, is_grad_enabled
 from .runtime.gradmode import _state as _grad
-from .runtime.gradmode import is_grad_enabled
 from .runtime.raw import RawTensor
-from .runtime.storage import POOL, POOL_MIN_BYTES
-from .tensor.fast import gemm_route, result, tensor_of
+from .runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
+from .tensor.fast import gemm_route, tensor_of
 
 #: Signatures one compiled function keeps in its lane (emptied when it grows past this).
 LANE_SIZE = 64
 
 MISS = object()
+_NO = object()  # a positional parameter of enter the call did not fill
 _new = object.__new__
+_empty = np.empty
+_take = POOL.take
+
+
+#: A one-kernel program's inline run (:func:`_kernel`): its compiled entry point, the
+#: argument buffers' dtypes it was made for (one or two), the result buffer's length,
+#: numpy dtype and smallness, and the entry's trailing arguments.
+_Kernel = tuple[Any, ...]
+
+#: The result of an inline run (:func:`_layout`): its tensor type, whether its buffer
+#: is small (not pooled), its dtype, shape, strides, offset and tags.
+_Layout = tuple[Any, ...]
 
 
 class _Route:
     """How a plain call runs: the program runner, result types and where each lives;
-    ``fast`` once a one-kernel program's entry point is known (:func:`_one_fast`), or
-    after a one-GEMM program's first run (:func:`_gemm_fast`)."""
+    ``kernel`` once a one-kernel program's entry point is known (:func:`_kernel`), or
+    ``fast`` after a one-GEMM program's first run (:func:`_gemm_fast`), each with the
+    result's ``layout``."""
 
-    __slots__ = ("run", "out_types", "structure", "rebuild", "one", "fast", "gemm")
+    __slots__ = ("run", "out_types", "structure", "rebuild", "one", "kernel", "fast", "gemm",
+                 "layout")
 
     def __init__(self, program: Any, out_types: list[Any], structure: Any,
                  rebuild: Callable[[Any, list[Any]], Any]):
@@ -62,60 +86,141 @@ class _Route:
                  and structure == ("t", 0))
         self.one = one if plain else None
         self.gemm = _one_gemm(program) if structure == ("t", 0) else None
-        self.fast: Any = None
+        self.kernel: _Kernel | None = None
+        self.fast: Callable[[RawTensor, RawTensor], np.ndarray | None] | None = None
+        self.layout: _Layout = ()
 
     def ready(self, raws: list[RawTensor]) -> None:
-        """Make the inline runner after a run on ``raws``: once the one-kernel program
+        """Make the inline run after a run on ``raws``: once the one-kernel program
         has its entry point, or from a one-GEMM program's plan and these layouts."""
         one = self.one
-        if one is not None and one.entry is not None:
-            self.fast = _one_fast(one, self.out_types[0], len(one.in_slots))
+        typ = self.out_types[0]
+        if one is not None:
+            if one.entry is not None:
+                v = one.result
+                self.layout = _layout(typ, one.small, v, v.offset)
+                self.kernel = _kernel(one)
         elif self.gemm is not None:
-            self.fast = _gemm_fast(self.gemm, raws, self.out_types[0])
+            v = self.gemm.value
+            small = v.numel * np.dtype(v.dtype.storage).itemsize < POOL_MIN_BYTES
+            self.layout = _layout(typ, small, v, 0)  # (the product's buffer is its own)
+            self.fast = _gemm_fast(self.gemm, raws, small)
             if self.fast is None:
                 self.gemm = None  # a layout the product cannot take as views
 
 
-def enter(self: Any, *args: Any, **kwargs: Any) -> Any:
+def enter(self: Any, a: Any = _NO, b: Any = _NO, /, *rest: Any, **kwargs: Any) -> Any:
     """``Compiled.__call__``: a one- or two-tensor call runs here when its signature is
-    in the lane with an inline runner (the checks of :meth:`PlainLane.call`, in one frame);
-    any other call goes to :meth:`PlainLane.call`, then the general path."""
+    in the lane with an inline run (the checks of :meth:`PlainLane.call`, in one frame);
+    any other call goes to :meth:`PlainLane.call`, then the general path.
+
+    (The two leading positional-only parameters spare the common call building an
+    ``args`` tuple; :data:`_NO`, private, marks one the call left unfilled. Keyword
+    arguments, even ones named ``a`` or ``b``, land in ``kwargs``: :func:`_other`.)"""
+    if rest or kwargs:
+        return _other(self, a, b, rest, kwargs)
+    out = None  # the result buffer, once an inline run made it
+    route: Any = None
+    if b is not _NO:
+        # Only tensor types are keys of the table, so anything else misses there; an
+        # object that is no tensor may fail any of these reads: the general path.
+        try:
+            na, nb = a._node_, b._node_
+            ctx = a._ctx
+            ra, rb = na.value, nb.value
+            sa, sb = ra.storage, rb.storage
+            if b._ctx is ctx and sa is not sb \
+                    and not (na.requires_grad or nb.requires_grad or ctx.closed):
+                key: tuple[Any, ...] = (not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a),
+                                        ra.shape, ra.strides, type(b), rb.shape, rb.strides)
+                lane = self._lane
+                last = lane.last
+                route = last[1] if key == last[0] else lane.find(key)
+        except Exception:
+            route = None
+        if route is not None and (not TRACING[0] or _local.tracer is None):
+            k = route.kernel
+            if k is not None:  # the one kernel (see _kernel)
+                fn, d0, d1, count, dt, small, tail = k
+                ba = sa.buf
+                bb = sb.buf
+                # Numba's dispatcher (the program's run) takes other dtypes and borrowed
+                # storage; a buffer gone raises there.
+                if ba is not None and bb is not None and ba.dtype is d0 and bb.dtype is d1 \
+                        and not (sa.borrowed or sb.borrowed):
+                    out = _empty(count, dt) if small else _take(dt, count)
+                    oa = ra.offset
+                    ob = rb.offset
+                    fn(out, ba[oa:] if oa else ba, bb[ob:] if ob else bb, *tail)
+            elif route.fast is not None:  # the one GEMM
+                out = route.fast(ra, rb)
+    elif a is not _NO:
+        try:
+            na = a._node_
+            ctx = a._ctx
+            ra = na.value
+            if not (na.requires_grad or ctx.closed):
+                key = (not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a), ra.shape, ra.strides)
+                lane = self._lane
+                last = lane.last
+                route = last[1] if key == last[0] else lane.find(key)
+        except Exception:
+            route = None
+        if route is not None and (not TRACING[0] or _local.tracer is None):
+            k = route.kernel
+            if k is not None:
+                fn, d0, count, dt, small, tail = k
+                sa = ra.storage
+                ba = sa.buf
+                if ba is not None and ba.dtype is d0 and not sa.borrowed:
+                    out = _empty(count, dt) if small else _take(dt, count)
+                    oa = ra.offset
+                    fn(out, ba[oa:] if oa else ba, *tail)
+    if out is not None:
+        # fucina.tensor.fast.result(typ, ctx, out, small, dtype, shape, strides, offset,
+        # "const", {}, tags), written out (see the module docstring)
+        typ, small, vdt, vshape, vstrides, voff, tags = route.layout
+        st: Any = _new(Storage if small else PooledStorage)
+        st.buf = out
+        st.refs = 1
+        st.readonly = False
+        st.borrowed = False
+        raw: Any = _new(RawTensor)
+        raw.storage = st
+        raw.dtype = vdt
+        raw.shape = vshape
+        raw.strides = vstrides
+        raw.offset = voff
+        node: Any = _new(Node)
+        node.op = "const"
+        node.inputs = ()
+        node.attrs = {}
+        node.value = raw
+        node.tags = tags
+        node.requires_grad = False
+        node.grad = None
+        if SCOPES_OPEN[0]:  # some exec scope is open: tensor_of decides on adoption
+            return tensor_of(typ, node, ctx)
+        obj: Any = _new(typ)
+        obj._node_ = node
+        obj._ctx = ctx
+        obj._scoped = False
+        return obj
+    args: tuple[Any, ...] = (a, b) if b is not _NO else (a,) if a is not _NO else ()
+    hit = self._lane.call(args)
+    if hit is not MISS:
+        return hit
+    return self._general(args, {})
+
+
+def _other(self: Any, a: Any, b: Any, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """:func:`enter` for a call of more than two positional arguments or with keyword
+    arguments: the lane for the first (no keywords), then the general path."""
+    args = (a, *rest) if b is _NO else (a, b, *rest)  # (a keyword-only call: a is _NO)
+    if a is _NO:
+        args = ()
     if not kwargs:
-        lane = self._lane
-        n = len(args)
-        if n == 2:
-            a, b = args
-            # Only tensor types are keys of the table, so anything else misses there; an
-            # object that is no tensor may fail any of these reads: the general path.
-            try:
-                na, nb = a._node_, b._node_
-                ctx = a._ctx
-                ra, rb = na.value, nb.value
-                route = lane.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides,
-                                        type(b), rb.shape, rb.strides)) \
-                    if b._ctx is ctx and ra.storage is not rb.storage \
-                    and not (na.requires_grad or nb.requires_grad or ctx.closed) else None
-            except Exception:
-                route = None
-            if route is not None and route.fast is not None and _local.tracer is None:
-                hit = route.fast(ra, rb, ctx)
-                if hit is not MISS:
-                    return hit
-        elif n == 1:
-            a = args[0]
-            try:
-                na = a._node_
-                ctx = a._ctx
-                ra = na.value
-                route = lane.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides)) \
-                    if not (na.requires_grad or ctx.closed) else None
-            except Exception:
-                route = None
-            if route is not None and route.fast is not None and _local.tracer is None:
-                hit = route.fast(ra, ctx)
-                if hit is not MISS:
-                    return hit
-        hit = lane.call(args)
+        hit = self._lane.call(args)
         if hit is not MISS:
             return hit
     return self._general(args, kwargs)
@@ -124,14 +229,25 @@ def enter(self: Any, *args: Any, **kwargs: Any) -> Any:
 class PlainLane:
     """The plain-call table of one compiled function."""
 
-    __slots__ = ("table", "types")
+    __slots__ = ("table", "types", "last")
 
     def __init__(self) -> None:
         self.table: dict[Any, _Route] = {}
         self.types: set[type] = set()  # tensor types of the arguments seen in the table
+        # The signature key :func:`enter` found last, and its route: a call repeating it
+        # compares keys (no hashing of their shape and stride tuples, no table probe).
+        self.last: tuple[tuple[Any, ...], _Route | None] = ((), None)
+
+    def find(self, key: tuple[Any, ...]) -> _Route | None:
+        """The route of signature ``key``, or None; remembered as :attr:`last`."""
+        route = self.table.get(key)
+        if route is not None:
+            self.last = (key, route)
+        return route
 
     def call(self, args: tuple[Any, ...]) -> Any:
-        """The call's result, or :data:`MISS` (take the general path)."""
+        """The call's result, or :data:`MISS` (take the general path). (A signature's
+        inline run is :func:`enter`'s: a call that reaches here the program runs.)"""
         types = self.types
         n = len(args)
         if n == 2:  # the common cases, unrolled
@@ -148,15 +264,10 @@ class PlainLane:
             ra, rb = na.value, nb.value
             if ra.storage is rb.storage:
                 return MISS
-            route = self.table.get((_grad.depth == 0, ta, ra.shape, ra.strides, tb, rb.shape,
-                                    rb.strides))
-            if route is None or _local.tracer is not None:
+            route = self.table.get((not NO_GRAD_OPEN[0] or _grad.depth == 0, ta, ra.shape,
+                                    ra.strides, tb, rb.shape, rb.strides))
+            if route is None or (TRACING[0] and _local.tracer is not None):
                 return MISS
-            fast = route.fast
-            if fast is not None:
-                hit = fast(ra, rb, ctx)
-                if hit is not MISS:
-                    return hit
             if ra.storage.buf is None or rb.storage.buf is None:
                 return MISS
             return self.run(route, [ra, rb], ctx)
@@ -171,18 +282,14 @@ class PlainLane:
             if ctx.closed:
                 return MISS
             ra = na.value
-            route = self.table.get((_grad.depth == 0, type(a), ra.shape, ra.strides))
-            if route is None or _local.tracer is not None:
+            route = self.table.get((not NO_GRAD_OPEN[0] or _grad.depth == 0, type(a),
+                                    ra.shape, ra.strides))
+            if route is None or (TRACING[0] and _local.tracer is not None):
                 return MISS
-            fast = route.fast
-            if fast is not None:
-                hit = fast(ra, ctx)
-                if hit is not MISS:
-                    return hit
             if ra.storage.buf is None:
                 return MISS
             return self.run(route, [ra], ctx)
-        key: list[Any] = [_grad.depth == 0]
+        key: list[Any] = [not NO_GRAD_OPEN[0] or _grad.depth == 0]
         raws = []
         storages: list[Any] = []
         ctx = None
@@ -211,7 +318,7 @@ class PlainLane:
             raws.append(raw)
             key += (t, raw.shape, raw.strides)
         route = self.table.get(tuple(key))
-        if route is None or _local.tracer is not None:
+        if route is None or (TRACING[0] and _local.tracer is not None):
             return MISS
         return self.run(route, raws, ctx)
 
@@ -219,7 +326,8 @@ class PlainLane:
     def run(route: _Route, raws: list[RawTensor], ctx: Any) -> Any:
         """Run ``route``'s program on checked argument raws; its results on ``ctx``."""
         results = route.run(raws)
-        if route.fast is None and (route.one is not None or route.gemm is not None):
+        if route.kernel is None and route.fast is None \
+                and (route.one is not None or route.gemm is not None):
             route.ready(raws)
         outs = [_wrap(typ, r, ctx) for typ, r in zip(route.out_types, results)]
         if route.structure == ("t", 0):
@@ -257,58 +365,25 @@ class PlainLane:
             return  # every argument is on one context: results live there too
         if len(self.table) >= LANE_SIZE:
             self.table.clear()
+            self.last = ((), None)
         self.types.update(type(a) for a in args)
         self.table[tuple(key)] = _Route(entry.program, list(entry.out_types), entry.structure,
                                         rebuild)
 
 
-def _one_fast(one: Any, typ: Any, n: int) -> Callable[..., Any]:
-    """``one`` (a :class:`~fucina.ir.program.OneKernel` whose entry point is known) run
-    inline on ``n`` argument raw tensors, its result wrapped as ``typ`` on the call's
-    context: what ``one(raws)`` and :func:`_wrap` make, without their calls and
-    attribute reads. It returns :data:`MISS` where ``one`` would take Numba's dispatcher
-    (another buffer dtype, borrowed storage) or a buffer is gone."""
-    fn = one.entry
-    dtypes = one.dtypes
-    tail = one.tail
-    count, dt, small = one.count, one.dt, one.small
-    v = one.result
-    vdt, vshape, vstrides, voff = v.dtype, v.shape, v.strides, v.offset
-    tags = typ.axis_tags
-    take = POOL.take
-    empty = np.empty
+def _kernel(one: Any) -> _Kernel:
+    """The :data:`_Kernel` tuple :func:`enter` runs ``one`` (a
+    :class:`~fucina.ir.program.OneKernel` whose entry point is known) from, inline on
+    the argument raws: what ``one(raws)`` does, without its call and attribute reads.
+    ``enter`` leaves to Numba's dispatcher (the program's run) another buffer dtype,
+    borrowed storage and a buffer that is gone."""
+    return (one.entry, *one.dtypes, one.count, one.dt, one.small, one.tail)
 
-    if n == 1:
-        (d0,) = dtypes
 
-        def run1(ra: RawTensor, ctx: Any) -> Any:
-            sa = ra.storage
-            ba = sa.buf
-            if ba is None or ba.dtype is not d0 or sa.borrowed:
-                return MISS
-            out = empty(count, dt) if small else take(dt, count)
-            oa = ra.offset
-            fn(out, ba[oa:] if oa else ba, *tail)
-            return result(typ, ctx, out, small, vdt, vshape, vstrides, voff, "const", {},
-                          tags)
-        return run1
-
-    d0, d1 = dtypes
-
-    def run2(ra: RawTensor, rb: RawTensor, ctx: Any) -> Any:
-        sa = ra.storage
-        sb = rb.storage
-        ba = sa.buf
-        bb = sb.buf
-        if ba is None or bb is None or ba.dtype is not d0 or bb.dtype is not d1 \
-                or sa.borrowed or sb.borrowed:
-            return MISS
-        out = empty(count, dt) if small else take(dt, count)
-        oa = ra.offset
-        ob = rb.offset
-        fn(out, ba[oa:] if oa else ba, bb[ob:] if ob else bb, *tail)
-        return result(typ, ctx, out, small, vdt, vshape, vstrides, voff, "const", {}, tags)
-    return run2
+def _layout(typ: Any, small: bool, v: RawTensor, offset: int) -> _Layout:
+    """The :data:`_Layout` of a ``typ`` result laid out as ``v`` (the program's) from
+    ``offset`` in its buffer."""
+    return (typ, small, v.dtype, v.shape, v.strides, offset, typ.axis_tags)
 
 
 def _one_gemm(program: Any) -> Any:
@@ -341,12 +416,14 @@ def _one_gemm(program: Any) -> Any:
     return n
 
 
-def _gemm_fast(n: Node, raws: list[RawTensor], typ: Any) -> Callable[..., Any] | None:
+def _gemm_fast(n: Node, raws: list[RawTensor], small: bool
+               ) -> Callable[[RawTensor, RawTensor], np.ndarray | None] | None:
     """The one-GEMM program of contract node ``n`` run inline on two argument raws: the
     matrix views rebuilt from the layouts of ``raws`` and the product call the program
-    makes (:func:`fucina.tensor.fast.gemm_route`, shared with the eager fast dot), its
-    result wrapped as ``typ``; :data:`MISS` where a buffer is gone or of another dtype.
-    None when the layouts need copies (the program's own run then)."""
+    makes (:func:`fucina.tensor.fast.gemm_route`, shared with the eager fast dot); it
+    returns the result's buffer (pooled unless ``small``), or None where a buffer is
+    gone or of another dtype. None when the layouts need copies (the program's own
+    run then)."""
     ra, rb = raws
     route = gemm_route(n.attrs["labels"], n.value, ra, rb)
     if route is None:
@@ -356,28 +433,28 @@ def _gemm_fast(n: Node, raws: list[RawTensor], typ: Any) -> Callable[..., Any] |
     v = n.value
     count = v.numel
     dt = np.dtype(v.dtype.storage)
-    small = count * dt.itemsize < POOL_MIN_BYTES
     fresh = small and gemm is not batched_gemm.matmul
-    vdt, vshape, vstrides = v.dtype, v.shape, v.strides
-    tags = typ.axis_tags
 
-    def run2(ra: RawTensor, rb: RawTensor, ctx: Any) -> Any:
+    def run2(ra: RawTensor, rb: RawTensor) -> np.ndarray | None:
         ba = ra.storage.buf
         bb = rb.storage.buf
         if ba is None or bb is None or ba.dtype is not d0 or bb.dtype is not d1:
-            return MISS
+            return None
         if swapped:
             ba, bb, oa, ob = bb, ba, rb.offset, ra.offset
         else:
             oa, ob = ra.offset, rb.offset
-        A = a_side.view(ba, oa)
-        B = b_side.view(bb, ob)
+        last = a_side.last  # _Matrix.view, inlined for the kept view of a small operand
+        A = last[2] if last is not None and last[0] is ba and last[1] == oa \
+            else a_side.view(ba, oa)
+        last = b_side.last
+        B = last[2] if last is not None and last[0] is bb and last[1] == ob \
+            else b_side.view(bb, ob)
         if fresh:  # the product's own fresh result (the same BLAS call as with out=)
-            out = gemm(A, B).reshape(-1)
-        else:
-            out = np.empty(count, dt) if small else POOL.take(dt, count)
-            gemm(A, B, out.reshape(out_shape))
-        return result(typ, ctx, out, small, vdt, vshape, vstrides, 0, "const", {}, tags)
+            return gemm(A, B).reshape(-1)
+        out = np.empty(count, dt) if small else POOL.take(dt, count)
+        gemm(A, B, out.reshape(out_shape))
+        return out
     return run2
 
 

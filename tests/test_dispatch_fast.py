@@ -300,7 +300,7 @@ def test_plain_lane_one_argument_inline_matches_eager(ctx):
     for fn, eager in ((f, lambda t: t.exp()), (g, lambda t: t.sum("c"))):
         outs = [fn(a) for _ in range(4)]  # trace, learn, first lane run, inline runs
         (route,) = fn._lane.table.values()
-        assert route.fast is not None  # the inline runner is in use
+        assert route.kernel is not None  # the inline run is in use
         for o in outs:
             assert type(o) is type(eager(a))
             np.testing.assert_array_equal(o.numpy(), eager(a).numpy())
@@ -330,8 +330,8 @@ def test_plain_lane_bad_inputs_raise_as_eager(ctx):
     for _ in range(4):  # the signatures are in the lane with inline runners
         add(a, b)
         ex(a)
-    assert all(r.fast is not None for r in add._lane.table.values())
-    assert all(r.fast is not None for r in ex._lane.table.values())
+    assert all(r.kernel is not None for r in add._lane.table.values())
+    assert all(r.kernel is not None for r in ex._lane.table.values())
     other = F.ExecContext()
     bad = {
         "wrong shape": R.from_numpy(ctx, arr(3, 3)),
@@ -451,3 +451,148 @@ def test_compiled_one_gemm_lane_matches_eager(ctx):
     other.deinit()
     assert _error(lambda: f(c, d))[0] is _error(lambda: c.dot(d, "k"))[0] is F.Deinitialized
     np.testing.assert_array_equal(f(a, b).numpy(), a.dot(b, "k").numpy())
+
+
+def test_compiled_call_forms_through_the_lane_entry(ctx):
+    """``Compiled.__call__`` takes two positional-only slots before ``*rest``: keyword
+    calls (even ones named like those slots), three or no arguments, and a mix of
+    positional and keyword arguments reach the function as given."""
+    x, y, z = arr(2, 3), arr(2, 3), arr(2, 3)
+    a, b, c = (R.from_numpy(ctx, v) for v in (x, y, z))
+    f = F.compile(lambda a, b: a.sub(b))  # parameters named like enter's slots
+    for _ in range(3):
+        np.testing.assert_array_equal(f(a, b).numpy(), x - y)
+        np.testing.assert_array_equal(f(a=a, b=b).numpy(), x - y)
+        np.testing.assert_array_equal(f(b=a, a=b).numpy(), y - x)
+        np.testing.assert_array_equal(f(a, b=b).numpy(), x - y)
+    three = F.compile(lambda p, q, r: p.add(q).mul(r))
+    for _ in range(3):
+        np.testing.assert_allclose(three(a, b, c).numpy(), (x + y) * z, rtol=1e-6)
+    none = F.compile(lambda: R.from_numpy(ctx, x).exp())
+    for _ in range(2):
+        np.testing.assert_allclose(none().numpy(), np.exp(x), rtol=2e-6)
+    one = F.compile(lambda p, scale=2.0: p.scale(scale))
+    for _ in range(3):
+        np.testing.assert_array_equal(one(a).numpy(), x * 2)
+        np.testing.assert_array_equal(one(a, scale=3.0).numpy(), x * 3)
+        np.testing.assert_array_equal(one(a, 4.0).numpy(), x * 4)
+    for bad in (lambda: f(a), lambda: f(a, b, c), lambda: f(a, b, b=b), lambda: f(a, d=b)):
+        with pytest.raises(TypeError):
+            bad()
+
+
+def test_open_counters_track_blocks_across_threads(ctx):
+    """The global counters hot paths read before a thread-local (no_grad blocks, exec
+    scopes, tracers) rise while a block is open on any thread and fall back after it
+    closes, also when it raises; each thread still sees only its own state."""
+    from fucina.ir.execute import TRACING
+    from fucina.runtime.context import SCOPES_OPEN
+    from fucina.runtime.gradmode import NO_GRAD_OPEN, enable_grad
+
+    base = NO_GRAD_OPEN[0], SCOPES_OPEN[0], TRACING[0]
+    with pytest.raises(ValueError):
+        with F.no_grad():
+            assert NO_GRAD_OPEN[0] == base[0] + 1 and not F.is_grad_enabled()
+            with enable_grad():
+                assert F.is_grad_enabled()
+            raise ValueError
+    with pytest.raises(ValueError):
+        with ctx.exec_scope():
+            assert SCOPES_OPEN[0] == base[1] + 1
+            raise ValueError
+    seen = []
+
+    def traced(p):
+        seen.append(TRACING[0])
+        return p.exp()
+
+    def failing(p):
+        raise ValueError("in the trace")
+
+    a = R.from_numpy(ctx, arr(2, 3))
+    F.compile(traced)(a)
+    with pytest.raises(ValueError):
+        F.compile(failing)(a)
+    assert seen == [base[2] + 1]
+    assert (NO_GRAD_OPEN[0], SCOPES_OPEN[0], TRACING[0]) == base
+
+    # Another thread holds no_grad and an exec scope open: this thread's grad mode,
+    # its results (not adopted by that scope) and its compiled lane are unaffected.
+    f = F.compile(lambda p, q: p.mul(q))
+    b = R.from_numpy(ctx, arr(2, 3))
+    want = a.numpy() * b.numpy()
+    opened, done = threading.Event(), threading.Event()
+    theirs: dict[str, object] = {}
+
+    def other():
+        with F.no_grad(), ctx.exec_scope():
+            theirs["grad"] = F.is_grad_enabled()
+            theirs["out"] = f(a, b)
+            opened.set()
+            done.wait(10)
+        theirs["after"] = F.is_grad_enabled()
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert opened.wait(10)
+    assert NO_GRAD_OPEN[0] == base[0] + 1 and SCOPES_OPEN[0] == base[1] + 1
+    assert F.is_grad_enabled()
+    mine = [f(a, b) for _ in range(3)] + [a.mul(b) for _ in range(3)]
+    done.set()
+    t.join()
+    assert theirs["grad"] is False and theirs["after"] is True
+    with pytest.raises(F.Deinitialized):  # adopted by the other thread's scope
+        theirs["out"].numpy()  # type: ignore[attr-defined]
+    for o in mine:  # never adopted by it
+        np.testing.assert_array_equal(o.numpy(), want)
+    assert {k[0] for k in f._lane.table} == {True, False}  # grad mode keys the lane
+    assert (NO_GRAD_OPEN[0], SCOPES_OPEN[0], TRACING[0]) == base
+
+
+def test_plain_lane_last_signature_and_result_storage(ctx, monkeypatch):
+    """The lane's remembered last signature never serves another one (shape, strides,
+    grad mode, arity), survives the table being emptied, and an inline run's result is
+    built as the eager op builds it (pooled storage for a large result, a fresh buffer
+    every call)."""
+    from fucina import plain_lane
+
+    x, y = arr(2, 3), arr(2, 3)
+    a, b = R.from_numpy(ctx, x), R.from_numpy(ctx, y)
+    a4, b4 = R.from_numpy(ctx, arr(4, 3)), R.from_numpy(ctx, arr(4, 3))
+    t = C.from_numpy(ctx, arr(3, 2)).permute_to(("r", "c"))  # same shape, other strides
+    f = F.compile(lambda p, q: p.mul(q))
+    calls = [(a, b), (a4, b4), (a, t), (t, b)] * 3
+    for p, q in calls:  # alternating signatures: each call its own
+        np.testing.assert_array_equal(f(p, q).numpy(), p.numpy() * q.numpy())
+    # an equal key made of other tuple objects still finds the route
+    a_again = R.from_numpy(ctx, x.copy())
+    assert a_again.as_raw_tensor().shape is not a.as_raw_tensor().shape
+    f(a, b)
+    np.testing.assert_array_equal(f(a_again, b).numpy(), x * y)
+    assert f._lane.last[0] == (True, R, (2, 3), (3, 1), R, (2, 3), (3, 1))
+    with F.no_grad():  # (the first call traces, the next ones find the route)
+        for _ in range(3):
+            np.testing.assert_array_equal(f(a, b).numpy(), x * y)
+        assert f._lane.last[0][0] is False
+    np.testing.assert_array_equal(f(a, b).numpy(), x * y)
+    assert f._lane.last[0][0] is True
+
+    monkeypatch.setattr(plain_lane, "LANE_SIZE", 2)
+    g = F.compile(lambda p, q: p.add(q))
+    for p, q in [(a, b), (a, b), (a4, b4), (a4, b4), (a, t), (a, t)]:
+        np.testing.assert_array_equal(g(p, q).numpy(), p.numpy() + q.numpy())
+    assert len(g._lane.table) <= 2 and g._lane.last[1] in g._lane.table.values()
+
+    big = arr(128, 256)  # well above the pool threshold
+    u, v = R.from_numpy(ctx, big), R.from_numpy(ctx, big[::-1].copy())
+    h = F.compile(lambda p, q: p.sub(q))
+    e = F.compile(lambda p: p.exp())
+    outs = [h(u, v) for _ in range(4)]
+    exps = [e(u) for _ in range(4)]
+    assert h._lane.last[1].kernel is not None and e._lane.last[1].kernel is not None
+    for o in outs:
+        np.testing.assert_array_equal(o.numpy(), u.sub(v).numpy())
+        assert type(o.as_raw_tensor().storage) is type(u.sub(v).as_raw_tensor().storage)
+    for o in exps:
+        np.testing.assert_array_equal(o.numpy(), u.exp().numpy())
+    assert len({id(o.as_raw_tensor().storage.buf) for o in outs + exps}) == 8

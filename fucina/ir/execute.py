@@ -54,6 +54,15 @@ class _State(threading.local):
 
 _local = _State()
 
+#: Threads with a tracer installed, in a one-element list (hot paths import the list
+#: and read ``[0]``). While it is 0 no thread traces, so a hot path reads this global
+#: (~10 ns) and skips the thread-local (~60 ns): ``not TRACING[0] or _local.tracer is
+#: None`` means "not tracing". It rises before a thread installs a tracer and falls
+#: after it removes one, so a tracing thread always sees it above 0; a lock keeps the
+#: threads' updates from losing each other.
+TRACING = [0]
+_tracing_lock = threading.Lock()
+
 
 def current_tracer() -> Tracer | None:
     """The active tracer on this thread, if any."""
@@ -63,7 +72,13 @@ def current_tracer() -> Tracer | None:
 def set_tracer(tracer: Tracer | None) -> Tracer | None:
     """Install ``tracer`` (None to leave tracing); returns the previous one."""
     prev = current_tracer()
+    if prev is None and tracer is not None:
+        with _tracing_lock:
+            TRACING[0] += 1
     _local.tracer = tracer
+    if prev is not None and tracer is None:
+        with _tracing_lock:
+            TRACING[0] -= 1
     return prev
 
 
@@ -81,7 +96,7 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
     """Build (and in eager mode execute) one primitive node."""
     d = OPS[op]
     inputs = tuple(inputs)
-    tracer = getattr(_local, "tracer", None)
+    tracer = _local.tracer if TRACING[0] else None
     if tracer is not None and d.layout is None:
         # A compute op reads data: concrete inputs become program inputs or constants.
         # (Views of concrete tensors stay concrete, so traced host code may still read them.)

@@ -38,7 +38,7 @@ from ..errors import (
 )
 from ..ir.execute import current_tracer, emit
 from ..ir.graph import Node
-from ..runtime.context import ExecContext
+from ..runtime.context import SCOPES_OPEN, ExecContext
 from ..runtime.raw import RawTensor
 from .display import decode, tensor_repr
 
@@ -421,7 +421,7 @@ def new(cls: type, node: Node, ctx: ExecContext, *, op_result: bool = True) -> A
     obj._node_ = node
     obj._ctx = ctx
     obj._scoped = False
-    if op_result:
+    if op_result and SCOPES_OPEN[0]:  # (no scope open anywhere: nothing to join)
         scopes = ctx._scopes  # this thread's open exec scopes
         if scopes:
             scopes[-1].append(obj)

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 
 from ..ir.eager import Plan, lookup
-from ..ir.execute import _local
+from ..ir.execute import TRACING, _local
 from ..ir.graph import Node
 from ..kernels import batched_gemm
+from ..runtime.context import SCOPES_OPEN
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
 
@@ -126,13 +127,14 @@ def tensor_of(cls: Any, node: Node, ctx: Any) -> Any:
     obj._node_ = node
     obj._ctx = ctx
     obj._scoped = False
-    try:
-        scopes = ctx._local.scopes  # this thread's open exec scopes
-    except AttributeError:  # none made on this thread yet (the property makes the list)
-        scopes = ctx._scopes
-    if scopes:
-        scopes[-1].append(obj)
-        obj._scoped = True
+    if SCOPES_OPEN[0]:  # some scope is open somewhere: is one open here?
+        try:
+            scopes = ctx._local.scopes  # this thread's open exec scopes
+        except AttributeError:  # none made on this thread yet (the property makes it)
+            scopes = ctx._scopes
+        if scopes:
+            scopes[-1].append(obj)
+            obj._scoped = True
     return obj
 
 
@@ -155,7 +157,7 @@ def binary_op(slow: Callable[[Any, Any, str], Any]) -> Callable[[Any, Any, str],
             f = _FAST.get((fn, type(self), type(other), ra.shape, ra.strides, rb.shape,
                            rb.strides))
             if f is not None and other._ctx is ctx and not ctx.closed \
-                    and _local.tracer is None:
+                    and (not TRACING[0] or _local.tracer is None):
                 sa = ra.storage
                 sb = rb.storage
                 ba = sa.buf
@@ -221,7 +223,7 @@ def _run_one(self: Any, ra: RawTensor, f: _Fast) -> Any:
     """A remembered one-input op on ``self`` (raw ``ra``), or None where the normal
     path must decide (closed context, tracing, another buffer dtype, borrowed)."""
     ctx = self._ctx
-    if ctx.closed or _local.tracer is not None:
+    if ctx.closed or (TRACING[0] and _local.tracer is not None):
         return None
     st = ra.storage
     ba = st.buf
@@ -344,7 +346,7 @@ def dot(self: Any, other: Any, contract: Any) -> Any:
     if f is None:
         return None
     ctx = self._ctx
-    if other._ctx is not ctx or ctx.closed or _local.tracer is not None:
+    if other._ctx is not ctx or ctx.closed or (TRACING[0] and _local.tracer is not None):
         return None
     ba = ra.storage.buf
     bb = rb.storage.buf
