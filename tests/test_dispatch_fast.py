@@ -596,3 +596,22 @@ def test_plain_lane_last_signature_and_result_storage(ctx, monkeypatch):
     for o in exps:
         np.testing.assert_array_equal(o.numpy(), u.exp().numpy())
     assert len({id(o.as_raw_tensor().storage.buf) for o in outs + exps}) == 8
+
+
+def _all_slots(cls):
+    return {s for k in cls.__mro__ for s in getattr(k, "__slots__", ()) if s != "__weakref__"}
+
+
+def test_both_result_builders_set_every_slot():
+    """``fast.result`` and the plain lane's inline copy build Storage/RawTensor/Node
+    without their constructors: a slot either forgets reads as AttributeError later."""
+    ctx = F.ExecContext()
+    x = F.Tensor("a").from_slice(ctx, (4,), np.arange(4, dtype=np.float32))
+    y = F.Tensor("a").from_slice(ctx, (4,), np.ones(4, dtype=np.float32))
+    f = F.compile(lambda a, b: a.add(b))
+    for t in (x.add(y), x.add(y), f(x, y), f(x, y), f(x, y)):  # first calls and fast paths
+        node = t._node_
+        for obj in (node, node.value, node.value.storage):
+            missing = [s for s in _all_slots(type(obj)) if not hasattr(obj, s)]
+            assert not missing, f"{type(obj).__name__} built without {missing}"
+        np.testing.assert_array_equal(t.numpy(), [1.0, 2.0, 3.0, 4.0])
