@@ -606,7 +606,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
         w(d, "r0 = lj")
         w(d, f"gl = (n{nk} - 1 - lj) // {nl} + 1")  # steps of lane lj (>= 1)
 
-        def group(d: int, size: int, first: bool) -> None:
+        def group(d: int, size: int) -> None:
             w(d, "for j in range(kl):")
             rebind(d + 1, closure, set())
             for i in range(size):
@@ -616,9 +616,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                 for k in reds:
                     sym, val = "*" if steps[k].fn == "prod" else "+", f"v{steps[k].arg}"
                     row = f"a{k}[np.uint64(lo_{nl} + j)]"
-                    acc = (val if first else f"{row} {sym} {val}") if i == 0 else \
-                        f"s{k} {sym} {val}"
-                    w(d + 1, f"s{k} = {acc}")
+                    w(d + 1, f"s{k} = {row if i == 0 else f's{k}'} {sym} {val}")
                 if stored is not None and last_pass:
                     op_, _, name = full_outs[0]
                     idx = _index_expr(name, op_.pattern, axes, lp, f"b_{name}")
@@ -628,15 +626,21 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             w(d, f"r0 += {size * nl}")
             w(d, f"gl -= {size}")
 
-        sizes = [SWAP_GROUP >> i for i in range(SWAP_GROUP.bit_length())]  # 8, 4, 2, 1
-        for i, size in enumerate(sizes):  # the first group writes the row
-            w(d, "else:" if size == 1 else f"{'elif' if i else 'if'} gl >= {size}:")
-            group(d + 1, size, True)
-        w(d, f"while gl >= {sizes[0]}:")
-        group(d + 1, sizes[0], False)
-        for size in sizes[1:]:  # fewer than SWAP_GROUP left: at most one of each
-            w(d, f"if gl >= {size}:")
-            group(d + 1, size, False)
+        # The row starts at the lanes' identity (in L1 while its steps add into it) rather
+        # than each group size having a first variant that writes it: each loop costs
+        # compile time (groups of 8, 4, 2 and 1, each with a first variant, doubled it).
+        w(d, "for j in range(kl):")
+        for k in reds:
+            w(d + 1, f"a{k}[np.uint64(lo_{nl} + j)] = {_lane_names(steps[k])[0]}")
+        # Groups of SWAP_GROUP steps, then pairs (a sum over a leading batch axis of 33 to
+        # 64 has 2 steps per lane), then at most one step. A producer with a function call
+        # (softmax's exp) is compute bound and copied per step: single steps only.
+        costly = any(t in steps[f].expr for f in closure if steps[f].kind == "ew"
+                     for t in _EXPENSIVE)
+        for head, size in ((("while", 1),) if costly else
+                           (("while", SWAP_GROUP), ("while", 2), ("if", 1))):
+            w(d, f"{head} gl >= {size}:")
+            group(d + 1, size)
 
     emit_kept(0)
     for phase in range(1, nphases + 1):
