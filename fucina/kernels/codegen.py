@@ -556,8 +556,10 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
         for nl in lane_counts:
             w(depth, f"m_{nl} = min({nl}, {total})")
     for k in kept:
-        rows = f"max(m_{LANES[steps[k].dtype]}, 1) * " if lane_reduction(steps[k]) else ""
-        w(depth, f"a{k} = np.empty({rows}{blk}, {_CTOR[steps[k].dtype]})")
+        # Lane rows at the block's length: 32 rows of 2048 f32 (256 KB) where the kept row
+        # is 256 long made a 256 KB allocation per block for 32 KB of rows.
+        rows = f"max(m_{LANES[steps[k].dtype]}, 1) * kl" if lane_reduction(steps[k]) else blk
+        w(depth, f"a{k} = np.empty({rows}, {_CTOR[steps[k].dtype]})")
     axes = list(range(nk, nk + nr)) + [last]
     loops = [f"r{a}" for a in range(nr)] + ["j"]
 
