@@ -600,8 +600,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
         # Lane row l takes reduced steps l, l + L, l + 2L, ... in that order (the lane
         # order), up to SWAP_GROUP of them summed in registers per output before the row
         # is stored: one row load and store per group instead of per step. The step by
-        # step loop moved a lane row in and out of cache per input row (2.1x slower for
-        # a sum over the middle axis of [64, 256, 256] f32).
+        # step loop moved a lane row in and out of cache per input row (about 2x slower
+        # for a sum over the middle axis of [64, 256, 256] f32, one thread or two).
         w(depth, f"for lj in range(m_{nl}):")
         d = depth + 1
         w(d, f"lo_{nl} = lj * kl")
