@@ -158,3 +158,57 @@ def test_training_steps_compiled_equal_eager(ctx: F.ExecContext, opt_name: str) 
     (le, pe), (lc, pc) = runs
     for a, b in zip(le + pe, lc + pc):
         np.testing.assert_array_equal(b, a)
+
+
+def _lane_sum_axis1(v: np.ndarray, mul: bool = False) -> np.ndarray:
+    """:func:`lane_sum` (or the product) over axis 1 of a 3-D array, for every output."""
+    n = LANES[str(v.dtype)]
+    lanes = np.full((n, v.shape[0], v.shape[2]), 1 if mul else 0, v.dtype)
+    for t in range(v.shape[1]):
+        lanes[t % n] = lanes[t % n] * v[:, t] if mul else lanes[t % n] + v[:, t]
+    while n > 1:
+        n //= 2
+        lanes = lanes[:n] * lanes[n:2 * n] if mul else lanes[:n] + lanes[n:2 * n]
+    return lanes[0]
+
+
+@pytest.mark.parametrize("n", [7, 100, 600])
+def test_middle_axis_reductions_follow_the_lane_order(ctx: F.ExecContext, n: int) -> None:
+    # A sum over a middle axis is the swapped kernel, which adds each lane's steps in
+    # register groups of SWAP_GROUP, then 2, then 1 (n = 600: 19 steps in the first 24
+    # lanes, 18 in the rest; n = 100: 4 and 3; n = 7: fewer lanes than 32). Every shape
+    # is below PARALLEL_MIN, so all three share one set of serial kernels (parallel ones
+    # compile several times slower); test_reduction_axes covers the block boundaries.
+    from fucina.ir.program import PARALLEL_MIN
+    from fucina.kernels.codegen import SWAP_GROUP
+    assert SWAP_GROUP == 8
+    rng = np.random.default_rng(n)
+    shape = (2, n, 200)
+    assert np.prod(shape) < PARALLEL_MIN
+    for dt in (np.float32, np.float64):
+        v = rng.standard_normal(shape).astype(dt)
+        x = F.Tensor("a", "b", "c", dtype="f32" if dt == np.float32 else "f64") \
+            .from_slice(ctx, shape, v)
+        want = _lane_sum_axis1(v)
+        np.testing.assert_array_equal(x.sum("b").numpy(), want)
+        np.testing.assert_allclose(want, v.astype(np.float64).sum(axis=1), rtol=1e-4,
+                                   atol=1e-4)
+        np.testing.assert_array_equal(x.mean("b").numpy(), want / dt(n))
+    v = rng.standard_normal(shape).astype(np.float32)
+    x = F.Tensor("a", "b", "c").from_slice(ctx, shape, v)
+    # a fused producer, compiled, and the product lanes
+    sq = F.compile(lambda a: a.mul(a).sum("b"))
+    np.testing.assert_array_equal(sq(x).numpy(), _lane_sum_axis1(v * v))
+    near1 = (1 + v / 256).astype(np.float32)
+    y = F.Tensor("a", "b", "c").from_slice(ctx, shape, near1)
+    np.testing.assert_array_equal(y.prod("b").numpy(), _lane_sum_axis1(near1, mul=True))
+    np.testing.assert_allclose(y.prod("b").numpy(), near1.astype(np.float64).prod(axis=1),
+                               rtol=1e-4)
+    # softmax over the middle axis stores exp in its sum pass (eager equals compiled)
+    sm = x.softmax("b").numpy()
+    np.testing.assert_array_equal(F.compile(lambda a: a.softmax("b"))(x).numpy(), sm)
+    e = np.exp(v.astype(np.float64) - v.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(sm, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+    torch = pytest.importorskip("torch")
+    np.testing.assert_allclose(x.sum("b").numpy(), torch.from_numpy(v).sum(dim=1).numpy(),
+                               rtol=1e-4, atol=1e-4)

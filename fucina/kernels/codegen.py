@@ -188,6 +188,8 @@ def _closure(steps: tuple[Step, ...], roots: list[int], level: str,
 SWAP_BYTES = 8192
 #: Block length bounds (outputs): short blocks starve the prefetcher.
 SWAP_MIN, SWAP_MAX = 512, 2048
+#: Reduced steps of one lane a swapped lane reduction sums in registers (a power of 2).
+SWAP_GROUP = 8
 
 
 def swap_block(spec: KernelSpec) -> int:
@@ -597,8 +599,10 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
         for nl in lane_counts:
             w(depth, f"m_{nl} = min({nl}, {total})")
     for k in kept:
-        rows = f"max(m_{LANES[steps[k].dtype]}, 1) * " if lane_reduction(steps[k]) else ""
-        w(depth, f"a{k} = np.empty({rows}{blk}, {_CTOR[steps[k].dtype]})")
+        # Lane rows at the block's length: 32 rows of 2048 f32 (256 KB) where the kept row
+        # is 256 long made a 256 KB allocation per block for 32 KB of rows.
+        rows = f"max(m_{LANES[steps[k].dtype]}, 1) * kl" if lane_reduction(steps[k]) else blk
+        w(depth, f"a{k} = np.empty({rows}, {_CTOR[steps[k].dtype]})")
     axes = list(range(nk, nk + nr)) + [last]
     loops = [f"r{a}" for a in range(nr)] + ["j"]
 
@@ -635,6 +639,54 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             w(depth + 1, f"a{k}[j] = v{k}")
         done.update(ks)
 
+    def by_lane(closure: list[int], reds: list[int], nl: int, last_pass: bool) -> None:
+        # Lane row l takes reduced steps l, l + L, l + 2L, ... in that order (the lane
+        # order), up to SWAP_GROUP of them summed in registers per output before the row
+        # is stored: one row load and store per group instead of per step. The step by
+        # step loop moved a lane row in and out of cache per input row (about 2x slower
+        # for a sum over the middle axis of [64, 256, 256] f32, one thread or two).
+        w(depth, f"for lj in range(m_{nl}):")
+        d = depth + 1
+        w(d, f"lo_{nl} = lj * kl")
+        w(d, "r0 = lj")
+        w(d, f"gl = (n{nk} - 1 - lj) // {nl} + 1")  # steps of lane lj (>= 1)
+
+        def group(d: int, size: int) -> None:
+            w(d, "for j in range(kl):")
+            rebind(d + 1, closure, set())
+            for i in range(size):
+                lp = ["r0" if i == 0 else f"(r0 + {i * nl})", "j"]
+                for f in closure:
+                    _emit_step(spec, w, names_in, d + 1, f, axes, lp)
+                for k in reds:
+                    sym, val = "*" if steps[k].fn == "prod" else "+", f"v{steps[k].arg}"
+                    row = f"a{k}[np.uint64(lo_{nl} + j)]"
+                    w(d + 1, f"s{k} = {row if i == 0 else f's{k}'} {sym} {val}")
+                if stored is not None and last_pass:
+                    op_, _, name = full_outs[0]
+                    idx = _index_expr(name, op_.pattern, axes, lp, f"b_{name}")
+                    w(d + 1, f"{name}[np.uint64({idx})] = v{stored}")
+            for k in reds:
+                w(d + 1, f"a{k}[np.uint64(lo_{nl} + j)] = s{k}")
+            w(d, f"r0 += {size * nl}")
+            w(d, f"gl -= {size}")
+
+        # The row starts at the lanes' identity (in L1 while its steps add into it) rather
+        # than each group size having a first variant that writes it: each loop costs
+        # compile time (groups of 8, 4, 2 and 1, each with a first variant, doubled it).
+        w(d, "for j in range(kl):")
+        for k in reds:
+            w(d + 1, f"a{k}[np.uint64(lo_{nl} + j)] = {_lane_names(steps[k])[0]}")
+        # Groups of SWAP_GROUP steps, then pairs (a sum over a leading batch axis of 33 to
+        # 64 has 2 steps per lane), then at most one step. A producer with a function call
+        # (softmax's exp) is compute bound and copied per step: single steps only.
+        costly = any(t in steps[f].expr for f in closure if steps[f].kind == "ew"
+                     for t in _EXPENSIVE)
+        for head, size in ((("while", 1),) if costly else
+                           (("while", SWAP_GROUP), ("while", 2), ("if", 1))):
+            w(d, f"{head} gl >= {size}:")
+            group(d + 1, size)
+
     emit_kept(0)
     for phase in range(1, nphases + 1):
         reds = [k for k in kept if steps[k].kind == "reduce" and kept_phase[k] == phase]
@@ -648,43 +700,47 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             init = _lane_names(steps[k])[0] if k in lane_reds else \
                 _reduce_init(steps[k].fn, steps[k].dtype)
             w(depth, f"a{k}[:] = {init}")
-        d = depth
-        if lane_reds:
-            w(d, "t = 0")
-        for a in range(nr):
-            w(d, f"for r{a} in range(n{nk + a}):")
-            d += 1
-        if lane_reds:
-            # Reduced step t goes to lane row t % L of a lane reduction (L its lane count).
-            for nl in counts:  # lane rows of kl outputs, packed (no cache-set aliasing)
-                w(d, f"lo_{nl} = (t % {nl}) * kl")
-            if write_first:
-                w(d, f"first = t < {counts[0]}")
-            w(d, "t += 1")
         closure = _closure(steps, [steps[k].arg for k in reds], "full")
+        # One reduced axis, only lane reductions: lane by lane (see by_lane).
+        if nr == 1 and write_first and reds == lane_reds:
+            by_lane(closure, reds, counts[0], phase == nphases)
+        else:
+            d = depth
+            if lane_reds:
+                w(d, "t = 0")
+            for a in range(nr):
+                w(d, f"for r{a} in range(n{nk + a}):")
+                d += 1
+            if lane_reds:
+                # Reduced step t goes to lane row t % L of a lane reduction (L its lane count).
+                for nl in counts:  # lane rows of kl outputs, packed (no cache-set aliasing)
+                    w(d, f"lo_{nl} = (t % {nl}) * kl")
+                if write_first:
+                    w(d, f"first = t < {counts[0]}")
+                w(d, "t += 1")
 
-        # With write_first the loop is written twice: the first L steps assign.
-        variants = [("if first:", d + 2, True), ("else:", d + 2, False)] if write_first \
-            else [("", d + 1, False)]
-        for head, dj, first in variants:
-            if head:
-                w(d, head)
-            w(dj - 1, "for j in range(kl):")
-            rebind(dj, closure, set())
-            for f in closure:
-                _emit_step(spec, w, names_in, dj, f, axes, loops)
-            for k in reds:
-                val = f"v{steps[k].arg}"
-                if k in lane_reds:
-                    sym = "*" if steps[k].fn == "prod" else "+"
-                    at = f"a{k}[np.uint64(lo_{LANES[steps[k].dtype]} + j)]"
-                    w(dj, f"{at} = {val}" if first else f"{at} = {at} {sym} {val}")
-                else:
-                    w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
-            if stored is not None and phase == nphases:
-                op_, _, name = full_outs[0]
-                idx = _index_expr(name, op_.pattern, axes, loops, f"b_{name}")
-                w(dj, f"{name}[np.uint64({idx})] = v{stored}")
+            # With write_first the loop is written twice: the first L steps assign.
+            variants = [("if first:", d + 2, True), ("else:", d + 2, False)] if write_first \
+                else [("", d + 1, False)]
+            for head, dj, first in variants:
+                if head:
+                    w(d, head)
+                w(dj - 1, "for j in range(kl):")
+                rebind(dj, closure, set())
+                for f in closure:
+                    _emit_step(spec, w, names_in, dj, f, axes, loops)
+                for k in reds:
+                    val = f"v{steps[k].arg}"
+                    if k in lane_reds:
+                        sym = "*" if steps[k].fn == "prod" else "+"
+                        at = f"a{k}[np.uint64(lo_{LANES[steps[k].dtype]} + j)]"
+                        w(dj, f"{at} = {val}" if first else f"{at} = {at} {sym} {val}")
+                    else:
+                        w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
+                if stored is not None and phase == nphases:
+                    op_, _, name = full_outs[0]
+                    idx = _index_expr(name, op_.pattern, axes, loops, f"b_{name}")
+                    w(dj, f"{name}[np.uint64({idx})] = v{stored}")
         for nl in counts:
             # The lanes' halving tree over the lane rows (row i with row i + h), a
             # vector loop per pair; rows from m on hold the identity and are skipped.
