@@ -36,8 +36,9 @@ from .gemm_layout import gemm_into_copies
 from .graph import Node, topo_order
 from .ops import OPS, extent_message
 
-#: Total elements from which a generated kernel runs its outer loop in parallel (on
-#: fucina.kernels.pool's threads, which need no Numba threading layer).
+#: Total elements from which a generated kernel that calls functions (exp, tanh...) runs
+#: its outer loop in parallel, on fucina.kernels.pool's threads (which need no Numba
+#: threading layer); plain arithmetic from 4x as many (see fusion.build).
 PARALLEL_MIN = 1 << 18
 #: Idle sets of intermediate buffers a program keeps for its next runs.
 _SCRATCH_SETS = 4

@@ -207,6 +207,12 @@ def swap_block(spec: KernelSpec) -> int:
 _EXPENSIVE = ("sf.", "vm.", "math.", "uf_")
 
 
+def calls_functions(steps: tuple[Step, ...] | list[Step]) -> bool:
+    """Whether any elementwise step calls a function (exp, tanh, a user function...):
+    such a kernel is compute-bound, where plain arithmetic is bound by memory."""
+    return any(st.kind == "ew" and any(t in st.expr for t in _EXPENSIVE) for st in steps)
+
+
 def _kept_phases(steps: tuple[Step, ...]) -> dict[int, int]:
     """Reduction pass after which each kept-level step is available (0: before any)."""
     kept_phase: dict[int, int] = {}
