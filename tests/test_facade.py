@@ -328,3 +328,18 @@ def test_argument_naming_works_under_compile(ctx):
     x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [1, 2, 3, 4, 5, 6])
     with pytest.raises(F.TagError, match="sum\\(\\): argument 'tag' expects a tag name"):
         F.compile(lambda t: t.sum(t))(x)
+
+
+@pytest.mark.parametrize("step", [1, 7, 10**18, 10**400])
+def test_slice_step_of_one_element_takes_any_step(step):
+    """One element: the step never applies. A step too large for a stride (found by the
+    API fuzzer: 10**400) gave a view numpy could not express."""
+    ctx = F.ExecContext()
+    v = np.arange(12, dtype=np.float64).reshape(3, 4)
+    x = F.Tensor("a", "b", dtype="f64").from_slice(ctx, (3, 4), v)
+    np.testing.assert_array_equal(x.slice_step("b", 2, 1, step).numpy(), v[:, 2:3])
+    f = F.compile(lambda t: t.slice_step("b", 2, 1, step).scale(2.0))
+    np.testing.assert_array_equal(f(x).numpy(), 2.0 * v[:, 2:3])
+    if step > 1:
+        with pytest.raises(F.IndexOutOfBounds):
+            x.slice_step("b", 2, 2, step)  # two elements: the step does apply

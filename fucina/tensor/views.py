@@ -264,6 +264,8 @@ class SplitMerge(Tensor):
             raise IndexOutOfBounds(
                 f"slice_step: start {start}, {length} elements of step {step} overrun "
                 f"{tag!r} of size {dim}")
+        if length == 1:  # one element: the step never applies (and may not fit a stride)
+            step = 1
         return result(self, self.axis_tags, narrow_node(self, i, start, length, step))
 
 
