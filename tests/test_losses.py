@@ -227,3 +227,15 @@ def test_softmax_family_matches_torch():
     widened = x.detach().to("bf16").to("f32")  # the same inputs, widened once
     np.testing.assert_array_equal(half.data_const(),
                                   widened.softmax("k").to("bf16").data_const())
+
+
+@pytest.mark.parametrize("bad, err", [(None, TypeError), ("0.1", TypeError), (True, TypeError),
+                                      (10**400, ValueError), (1.5, F.InvalidShape)])
+def test_cross_entropy_label_smoothing_is_checked_by_name(bad, err):
+    """Found by the API fuzzer: None reached ``float()`` and raised Python's own message."""
+    ctx = F.ExecContext()
+    x = F.Tensor("n", "c").from_slice(ctx, (2, 3), np.zeros((2, 3), np.float32))
+    with pytest.raises(err, match="label_smoothing"):
+        x.cross_entropy("c", [0, 1], reduction="mean", label_smoothing=bad)
+    np.testing.assert_allclose(x.cross_entropy("c", [0, 1], reduction="mean").numpy(),
+                               np.log(3.0), rtol=1e-6)

@@ -38,6 +38,7 @@ from ..ir.graph import Node, leaf
 from ..kernels.losses import STAT_KEEP, STAT_LOSS
 from ..runtime.gradmode import is_grad_enabled, no_grad
 from ..runtime.raw import RawTensor, contiguous_strides
+from .arguments import real_arg
 from .base import Tensor, align_node, check_tensor, result, same_ctx
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def _ce_options(reduction: str, ignore_index: Any, label_smoothing: Any,
     if ignore_index is not None and (isinstance(ignore_index, bool)
                                      or not isinstance(ignore_index, (int, np.integer))):
         raise TypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
-    smooth = float(label_smoothing)
+    smooth = real_arg(label_smoothing, "label_smoothing")
     if not 0.0 <= smooth < 1.0:
         raise InvalidShape(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
     return (None if ignore_index is None else int(ignore_index)), smooth
