@@ -239,3 +239,18 @@ def test_cross_entropy_label_smoothing_is_checked_by_name(bad, err):
         x.cross_entropy("c", [0, 1], reduction="mean", label_smoothing=bad)
     np.testing.assert_allclose(x.cross_entropy("c", [0, 1], reduction="mean").numpy(),
                                np.log(3.0), rtol=1e-6)
+
+
+def test_huber_delta_and_cosine_eps_are_checked_by_name():
+    """The same unchecked ``float()`` as label_smoothing, in huber_loss and
+    cosine_similarity."""
+    ctx = F.ExecContext()
+    x = F.Tensor("n", "c").from_slice(ctx, (2, 3), np.ones((2, 3), np.float32))
+    for bad in (None, "1"):
+        with pytest.raises(TypeError, match="delta"):
+            x.huber_loss(x, delta=bad)
+        with pytest.raises(TypeError, match="eps"):
+            x.cosine_similarity(x, "c", eps=bad)
+    np.testing.assert_allclose(x.huber_loss(x, delta=2).numpy(), 0.0)
+    np.testing.assert_allclose(x.cosine_similarity(x, "c", eps=1e-8).numpy(), [1.0, 1.0],
+                               rtol=1e-6)

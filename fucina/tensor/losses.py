@@ -328,7 +328,7 @@ class Losses(Tensor):
         """
         _check_linear(self, weight)
         _reduction(reduction, ("mean", "sum"))
-        scale = float(loss_scale)
+        scale = real_arg(loss_scale, "loss_scale")
         n = _count_of(rows, "rows")
         for data, what in ((classes, "classes"), (probs, "probs")):
             if _count_of(data, what) != n:
@@ -394,7 +394,7 @@ class Losses(Tensor):
         """torch.nn.functional.huber_loss: 0.5 d^2 for |d| <= delta, delta (|d| - delta / 2)
         beyond (d = self - target). Differentiable in both operands."""
         _reduction(reduction)
-        dv = float(delta)
+        dv = real_arg(delta, "delta")
         if not dv > 0.0:
             raise InvalidShape(f"huber delta must be > 0, got {delta}")
         d = _bin("sub", self._node, _target(self, target))
@@ -450,7 +450,7 @@ class Losses(Tensor):
         check_tensor(other, "other")
         T.index(self.axis_tags, tag)
         T.index(other.axis_tags, tag)
-        e = float(eps)
+        e = real_arg(eps, "eps")
         if not e > 0.0:
             raise InvalidShape(f"cosine_similarity eps must be > 0, got {eps}")
         x = cast("F32Tensor", self)
