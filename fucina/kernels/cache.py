@@ -124,18 +124,11 @@ class Kernel:
         #: parallel kernel the chunked runner over it.
         self.call: Callable[..., None] = fn if outer is None else _chunked(fn, outer)
 
-    def _run(self, entry: Callable[..., None], args: tuple[Any, ...]) -> None:
-        if self.outer is None:
-            entry(*args)
-            return
-        at, per = self.outer
-        pool.run(entry, -(-args[at] // per), args)
-
     def __call__(self, *args: Any) -> None:
         try:
             if self._first:
                 _compile(self.fn, (_CTL, 1, *args) if self.outer is not None else args)
-            self._run(self.fn, args)
+            self.call(*args)
         except numba.core.errors.NumbaError as e:
             if not self.user_fns:
                 raise
