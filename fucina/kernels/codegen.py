@@ -207,10 +207,15 @@ def swap_block(spec: KernelSpec) -> int:
 _EXPENSIVE = ("sf.", "vm.", "math.", "uf_")
 
 
+def _calls(st: Step) -> bool:
+    """Whether ``st`` is an elementwise step that calls a function."""
+    return st.kind == "ew" and any(t in st.expr for t in _EXPENSIVE)
+
+
 def calls_functions(steps: tuple[Step, ...] | list[Step]) -> bool:
     """Whether any elementwise step calls a function (exp, tanh, a user function...):
     such a kernel is compute-bound, where plain arithmetic is bound by memory."""
-    return any(st.kind == "ew" and any(t in st.expr for t in _EXPENSIVE) for st in steps)
+    return any(_calls(st) for st in steps)
 
 
 def _kept_phases(steps: tuple[Step, ...]) -> dict[int, int]:
@@ -264,8 +269,7 @@ def stored_value(spec: KernelSpec) -> int | None:
     in_pass = set(_closure(steps, [steps[k].arg for k in last], "full"))
     for x in reversed(_closure(steps, [kout], "full")):
         st = steps[x]
-        if x in in_pass and st.kind == "ew" and st.dtype == op.dtype \
-                and any(t in st.expr for t in _EXPENSIVE):
+        if x in in_pass and _calls(st) and st.dtype == op.dtype:
             rest = _closure(steps, [kout], "full", frozenset({x}))
             return x if all(steps[f].kind != "load" for f in rest) else None
     return None
@@ -300,8 +304,7 @@ def strip_stages(spec: KernelSpec) -> list[list[int]]:
             or any(op.level != "kept" for op, _ in spec.outputs):
         return []
     order = _closure(steps, [k for _, k in spec.outputs], "kept")
-    costly = [k for k in order if steps[k].kind == "ew"
-              and any(t in steps[k].expr for t in _EXPENSIVE)]
+    costly = [k for k in order if _calls(steps[k])]
     if len(costly) < 2:
         return []
     stages: list[list[int]] = [[]]
@@ -362,7 +365,7 @@ def generate(spec: KernelSpec) -> str:
          'error_model="numpy")')
     w(0, f"def kernel({', '.join(args)}):")
     if spec.parallel:
-        at, per = chunk_plan(spec)
+        per = block_outer(spec)
         w(1, f"nout = (n0 + {per - 1}) // {per}" if per > 1 else "nout = n0")
         w(1, "while True:")
         w(2, "c = at.fetch_add(ctl, 0, 1)")
@@ -686,8 +689,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
         # Groups of SWAP_GROUP steps, then pairs (a sum over a leading batch axis of 33 to
         # 64 has 2 steps per lane), then at most one step. A producer with a function call
         # (softmax's exp) is compute bound and copied per step: single steps only.
-        costly = any(t in steps[f].expr for f in closure if steps[f].kind == "ew"
-                     for t in _EXPENSIVE)
+        costly = calls_functions([steps[f] for f in closure])
         for head, size in ((("while", 1),) if costly else
                            (("while", SWAP_GROUP), ("while", 2), ("if", 1))):
             w(d, f"{head} gl >= {size}:")
