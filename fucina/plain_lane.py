@@ -85,7 +85,7 @@ class _Route:
                  and one.in_slots == tuple(range(n_in)) and len(one.results) == 1
                  and structure == ("t", 0))
         self.one = one if plain else None
-        self.gemm = _one_gemm(program) if structure == ("t", 0) else None
+        self.gemm = program.one_gemm_node() if structure == ("t", 0) else None
         self.kernel: _Kernel | None = None
         self.fast: Callable[[RawTensor, RawTensor], np.ndarray | None] | None = None
         self.layout: _Layout = ()
@@ -384,36 +384,6 @@ def _layout(typ: Any, small: bool, v: RawTensor, offset: int) -> _Layout:
     """The :data:`_Layout` of a ``typ`` result laid out as ``v`` (the program's) from
     ``offset`` in its buffer."""
     return (typ, small, v.dtype, v.shape, v.strides, offset, typ.axis_tags)
-
-
-def _one_gemm(program: Any) -> Any:
-    """The contract node of a program that is one planned GEMM (``np.matmul`` or the
-    stacked kernel, no copies or output permutation) of its two arguments, as given,
-    into a fresh result it returns as is; None for any other program.
-
-    It reads the program's internals (as ``Program.one_kernel_runner`` does); the
-    lane's tests check that a dot program is recognized."""
-    if len(program.steps) != 1 or program.writes or program.const_slots \
-            or program._constants or program._copy_plan or program.input_need:
-        return None
-    st = program.steps[0]
-    n = st.node
-    p = st.gemm
-    if st.kind != "ref" or n is None or n.op != "contract" or p is None \
-            or p.out_perm is not None or "copy" in (p.a.orient, p.b.orient):
-        return None
-    ins = program.inputs
-    if len(ins) != 2 or tuple(n.inputs) != tuple(ins) or ins[0] is ins[1]:
-        return None
-    dt = n.value.dtype
-    if dt.name not in ("f32", "f64") or any(i.value.dtype is not dt for i in ins):
-        return None
-    plan = program._out_plan
-    slot = program.slot.get(id(n.value.storage))
-    if len(plan) != 1 or plan[0][0] != slot or slot not in program.fresh_slots \
-            or plan[0][1] is not n.value:
-        return None
-    return n
 
 
 def _gemm_fast(n: Node, raws: list[RawTensor], small: bool

@@ -615,3 +615,22 @@ def test_both_result_builders_set_every_slot():
             missing = [s for s in _all_slots(type(obj)) if not hasattr(obj, s)]
             assert not missing, f"{type(obj).__name__} built without {missing}"
         np.testing.assert_array_equal(t.numpy(), [1.0, 2.0, 3.0, 4.0])
+
+
+def test_one_gemm_lane_only_for_a_lone_product(ctx):
+    """``Program.one_gemm_node`` takes a program that is one product of its two
+    arguments, and nothing more: a product followed by another op runs through the
+    program."""
+    a = F.Tensor("m", "k").from_numpy(ctx, arr(3, 5))
+    b = F.Tensor("k", "n").from_numpy(ctx, arr(5, 4))
+    cases = [
+        (lambda p, q: p.dot(q, "k"), (a, b), True),
+        (lambda p, q: p.dot(q, "k").exp(), (a, b), False),
+        (lambda p, q: p.dot(q, "k").scale(2.0), (a, b), False),
+    ]
+    for fn, args, lone in cases:
+        f = F.compile(fn)
+        for _ in range(3):
+            np.testing.assert_array_equal(f(*args).numpy(), fn(*args).numpy())
+        (route,) = f._lane.table.values()
+        assert (route.gemm is not None) is lone

@@ -671,6 +671,32 @@ class Program:
         return OneKernel(self, st, outs[0])
 
 
+    def one_gemm_node(self) -> Node | None:
+        """The contract node of a program that is one planned GEMM (``np.matmul`` or the
+        stacked kernel, no copies or output permutation) of its two arguments, as given,
+        into a fresh f32/f64 result it returns as is; None for any other program."""
+        if len(self.steps) != 1 or self.writes or self.const_slots or self._constants \
+                or self._copy_plan or self.input_need:
+            return None
+        st = self.steps[0]
+        n = st.node
+        p = st.gemm
+        if st.kind != "ref" or n is None or n.op != "contract" or p is None \
+                or p.out_perm is not None or "copy" in (p.a.orient, p.b.orient):
+            return None
+        ins = self.inputs
+        if len(ins) != 2 or tuple(n.inputs) != tuple(ins) or ins[0] is ins[1]:
+            return None
+        dt = n.value.dtype
+        if dt.name not in ("f32", "f64") or any(i.value.dtype is not dt for i in ins):
+            return None
+        plan = self._out_plan
+        slot = self.slot.get(id(n.value.storage))
+        if len(plan) != 1 or plan[0][0] != slot or slot not in self.fresh_slots \
+                or plan[0][1] is not n.value:
+            return None
+        return n
+
 class OneKernel:
     """A one-kernel program's run, lean: the checks :meth:`Program.run` makes (each
     argument's extent), one fresh result buffer, and the kernel's compiled entry point
