@@ -50,16 +50,28 @@ def test_results_do_not_depend_on_batching_or_order(model) -> None:
     np.testing.assert_allclose(rev[::-1], one, atol=1e-6)
 
 
+def test_bucket_pads_at_most_an_eighth() -> None:
+    assert [bert.bucket(n) for n in (1, 7, 8, 13, 16, 17, 28, 33, 100, 129)] == \
+        [1, 7, 8, 13, 16, 18, 28, 36, 104, 144]
+    for n in range(1, 5000):
+        b = bert.bucket(n)
+        assert n <= b and (b - n) * 8 <= b, n
+    assert len({bert.bucket(n) for n in range(65, 129)}) == 8  # 8 buckets per octave
+
+
 def test_new_batches_in_known_buckets_reuse_the_compiled_program(model_dir) -> None:
     m = bert.load(model_dir[0])
-    m.encode(["the cat sat", "a dog"], batch_size=2)
+    lens = lambda ss: [len(r) for r in m.tokenize(ss)]  # noqa: E731
+    first, same = ["the cat sat", "a dog"], ["the dog sat", "a cat"]
+    assert lens(first) == lens(same)
+    m.encode(first, batch_size=2)
     assert m._forward.cache_size() == 1
-    # other sentences, same (batch 2, length 16) bucket: no retrace
-    m.encode(["hello world", "the big red dog ran far"], batch_size=2)
+    # other sentences, same (tokens, batch, length) buckets: no retrace
+    m.encode(same, batch_size=2)
     assert m._forward.cache_size() == 1
-    # a longer batch goes to the next length bucket
+    # a longer batch goes to other buckets
     long = " ".join(["the cat"] * 10)
-    assert m.bucket_length(len(m.tokenize([long])[0])) == 32
+    assert m.bucket_length(len(m.tokenize([long])[0])) == 22
     m.encode([long, "a"], batch_size=2)
     assert m._forward.cache_size() == 2
 

