@@ -94,10 +94,8 @@ Design notes
   ``e = expm1(2|x|)`` above (|x| clamped to 10, so only the steps of ``expm1``
   that range needs are emitted: both run in every lane).
 * ``sigmoid``/``silu``/``gelu_tanh``: ``m * sigmoid(v)`` with ``exp(-|v|) =
-  p 2**n`` from the float32 kernel. For ``sigmoid``/``silu``, ``1 + e``, the
-  product with ``m`` and the quotient are float32 ``hi + lo`` pairs (FMA
-  error-free steps) and the power of two comes last, in two exact halves; for
-  ``gelu_tanh`` they run in float64, rounded once. For
+  p 2**n`` from the float32 kernel and ``1 + e``, the quotient, the product
+  with ``m`` and the power of two in float64, rounded once. For
   ``gelu_tanh = x sigmoid(2 sqrt(2/pi) (x + 0.044715 x**3))`` the argument
   ``v`` is computed in float64 and split into float32 ``hi + lo`` with
   ``exp(v) = exp(hi) (1 + lo)``: ``v`` reaches -87 in the tail, where rounding
@@ -130,12 +128,10 @@ Speed (this machine: 2-core AMD EPYC, znver3, AVX2 only, so ``ymm`` vectors;
 tanh 4.7 ms vs np.tanh 11.3 ms (and 80 ms for a Numba loop calling
 ``np.tanh``), log 3.6 vs 13.5 ms, sin/cos ~8 ms vs 9.5-10 ms. In-cache
 throughput: exp/expm1 ~0.55 ns/element, log ~0.85, tanh ~1.0, erf ~1.2-1.5,
-sigmoid/silu ~1.4, sin/cos ~1.9, gelu_tanh ~2.6, erfc ~3.4, gelu_erf ~2.4
+sigmoid/silu ~1.7, sin/cos ~1.9, gelu_tanh ~2.6, erfc ~3.4, gelu_erf ~2.4
 (the float64 steps and error-free float32 pairs are the price of the <= 2 ulp tails).
 Issue 13 (docs/BENCHMARKS.md; in-cache thread CPU time on a loaded Zen 3):
 tanh 1.22 -> 1.13 ns/element (same values), gelu_erf 4.63 -> 4.42 (now <= 1 ulp).
-Issue 13 (stop 20): sigmoid/silu's quotient in float32 pairs instead of float64
-(8 lanes per AVX2 vector, not 4): 1.75-2.2 -> 1.35-1.5 ns/element, same bounds.
 Issue 13, second pass: gelu_erf in float32 only, 4.3 -> 2.2-2.6 ns/element in
 cache (4M, one thread: 2.65 ns/element against torch's 1.07, whose erf form
 loses the negative tail), still <= 1 ulp.
@@ -672,8 +668,6 @@ def tanh_f32(x):
 def _mul_sigmoid(m, hi, lo):
     """``m * sigmoid(hi + lo)`` (``lo`` a small correction to ``hi``), one final rounding.
 
-    gelu_tanh's form: its argument is already float64, and there the float32
-    pairs of :func:`_mul_sigmoid32` measured slower (2.9 -> 3.2+ ns/element).
     ``exp(-|v|) = p 2**n`` comes from the float32 kernel; ``1 + e``, the
     quotient, the product with ``m`` and the power of two run in float64, so
     denormal results and very negative ``v`` keep full relative accuracy.
@@ -687,54 +681,10 @@ def _mul_sigmoid(m, hi, lo):
     return _F(np.float64(m) * num / (1.0 + e))
 
 
-_SIG_FLAT = _F(89.0)  # above: exp(-v) < 2**-128, so m / (1 + exp(-v)) rounds to m
-
-
-@_inl
-def _mul_sigmoid32(m, v):
-    """``m * sigmoid(v)`` in float32 only, as accurate as :func:`_mul_sigmoid`.
-
-    ``exp(-|v|) = p 2**n`` from the float32 kernel; ``1 + e``, ``m p`` and the
-    quotient are carried as float32 ``hi + lo`` pairs (error-free FMA steps),
-    so only ``p``'s rounding and the last one reach the result, as in the
-    float64 form. For ``v < 0`` the power of two is applied last, in two exact
-    halves: denormal results keep relative accuracy. Twice the lanes per vector
-    of the float64 form: sigmoid 1.75-2.2 -> 1.35-1.5 ns/element on Zen 3, silu
-    1.85-2.5 -> 1.4-1.7 (one thread, in cache).
-    """
-    neg = v < _ZERO
-    a = abs(v)
-    ac = -_EXP_LO if a > -_EXP_LO else a  # NaN passes
-    nf = np.rint(ac * -_LOG2E)
-    r = fma_f32(nf, -_LN2_HI, -ac)
-    r = fma_f32(nf, -_LN2_LO, r)
-    p = _exp_poly(r) + r + _ONE
-    n = _I(nf)  # in [-245, 0]
-    n1 = n >> 1
-    p1 = _pow2(n1)
-    p2 = _pow2(n - n1)
-    e = (p * p1) * p2
-    dh = _ONE + e  # e <= 1: Fast2Sum
-    dl = (_ONE - dh) + e
-    # numerator: m for v >= 0; m p, scaled by 2**n at the end, for v < 0
-    nh = m * p
-    nl = fma_f32(m, p, -nh)
-    nh = nh if neg else m
-    nl = nl if neg else _ZERO
-    inv = _ONE / dh
-    qh = nh * inv
-    rem = fma_f32(-qh, dh, nh)  # (nearly) exact residual of qh
-    y = qh + fma_f32(-qh, dl, rem + nl) * inv
-    yn = (y * p1) * p2  # one rounding into the denormals
-    yn = m * _ZERO if a >= -_EXP_LO else yn  # m exp(-170) underflows (m p may not)
-    y = yn if neg else y
-    return m if (v >= _SIG_FLAT) | (m == _ZERO) else y  # m = -0: the sum above gives +0
-
-
 @_inl
 def _sigmoid(x):
     """Body of :func:`sigmoid_f32`."""
-    return _mul_sigmoid32(_ONE, x)
+    return _mul_sigmoid(_ONE, x, _ZERO)
 
 
 @_jit
@@ -759,7 +709,7 @@ def sigmoid_f32(x):
 @_inl
 def _silu(x):
     """Body of :func:`silu_f32`."""
-    y = _mul_sigmoid32(x, x)
+    y = _mul_sigmoid(x, x, _ZERO)
     return _NAN if x == -_INF else y
 
 
