@@ -9,8 +9,10 @@ They are compiled on their own with ``error_model="numpy"`` and only the
 ``contract``/``nsz`` fast-math flags, NOT Numba-inlined (``inline="always"``
 would re-lower the body under the calling kernel's flags and error model:
 ``reassoc``/``arcp`` could fold rounding steps, and the default Python error
-model raises ``ZeroDivisionError`` on ``x / 0.0``). LLVM still inlines the
-small bodies into the caller's loop. Other rules:
+model raises ``ZeroDivisionError`` on ``x / 0.0``). A kernel reaches each
+single-argument helper through a thin Numba-inlined wrapper whose call is marked
+``alwaysinline`` (:func:`_inline_call_site`), so LLVM inlines even the large
+bodies and the kernel's loop vectorizes. Other rules:
 
 * constants are ``np.float32`` so f32 inputs stay f32 (a bare Python float
   would promote the expression to f64);
@@ -22,12 +24,14 @@ polynomial forms) when that module provides them, else from ``math``.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types, vectorize
 from numba.core import cgutils
+from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic
 
 from ..rng import uniform53_jit
@@ -36,6 +40,12 @@ from ..rng import uniform53_jit
 #: and error model never apply to these bodies, and LLVM still inlines them.
 _FASTMATH = {"contract", "nsz"}
 _INLINE = {"fastmath": _FASTMATH, "error_model": "numpy", "cache": True}
+
+
+try:
+    from .vecmath import _always_inline
+except ImportError:  # vecmath is optional: LLVM's own inlining decides then
+    _always_inline = None
 
 
 def _pick(name: str, fallback):
@@ -562,6 +572,37 @@ def dropout_apply(x, i, seed, p):
     if dropout_keep(i, seed, p):
         return x * (_F1 / (_F1 - np.float32(p)))
     return _F0
+
+
+# -- call sites that LLVM always inlines ------------------------------------------
+
+
+def _inline_call_site(fn):
+    """``fn`` (compiled on its own, as above) behind a Numba-inlined wrapper whose only
+    statement calls it with an ``alwaysinline`` call site.
+
+    LLVM's own heuristics left the larger bodies (gelu_erf, gelu_erf_grad, softplus)
+    as scalar calls in a kernel's loop, so the loop never vectorized: 2-5x slower than
+    the same function inlined (measured: gelu_erf 4.4 -> 2.2, gelu_erf_grad 19.9 -> 4.4,
+    softplus 18.8 -> 5.1 ns/element on Zen 3). The wrapper holds no arithmetic, so the
+    caller's fast-math flags and error model still never reach ``fn``'s instructions.
+    """
+    call = _always_inline(fn)
+
+    def wrapper(x):
+        return call(x)
+
+    wrapper.__name__ = wrapper.__qualname__ = fn.py_func.__name__
+    wrapper.__doc__ = fn.py_func.__doc__
+    return njit(inline="always")(wrapper)
+
+
+if _always_inline is not None:
+    for _name, _fn in list(globals().items()):
+        if (not _name.startswith("_") and isinstance(_fn, CPUDispatcher)
+                and _fn.targetoptions.get("fastmath") == _FASTMATH
+                and len(inspect.signature(_fn.py_func).parameters) == 1):
+            globals()[_name] = _inline_call_site(_fn)
 
 
 # -- numpy-side helpers used by the reference implementations -------------------
