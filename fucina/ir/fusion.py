@@ -466,7 +466,8 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
         steps = [cg.Step(s.kind, "kept", s.dtype, s.expr, s.arg, s.fn, s.deps) for s in steps]
     # Plain arithmetic is bound by memory: below 4x the threshold its second thread
     # gained less than the pool's hand-off costs (add over 256K f32: 60 us median on
-    # one thread, 76-118 us on two; exp over 256K: 155-180 us on one, 105-115 on two).
+    # one thread, 76-118 us on two; exp over 256K: 155-180 us on one, 105-115 on two;
+    # 2-core Zen 3 VM).
     work_min = parallel_min if cg.calls_functions(steps) else 4 * parallel_min
     parallel = nk >= 1 and math.prod(full) >= work_min and loop_sizes[0] >= 2
     user = tuple(sorted({n.attrs["fn"] for n in g.members if n.op == "elemental"}))

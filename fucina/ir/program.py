@@ -670,7 +670,6 @@ class Program:
             return None
         return OneKernel(self, st, outs[0])
 
-
     def one_gemm_node(self) -> Node | None:
         """The contract node of a program that is one planned GEMM (``np.matmul`` or the
         stacked kernel, no copies or output permutation) of its two arguments, as given,
@@ -696,6 +695,7 @@ class Program:
                 or plan[0][1] is not n.value:
             return None
         return n
+
 
 class OneKernel:
     """A one-kernel program's run, lean: the checks :meth:`Program.run` makes (each
