@@ -219,27 +219,26 @@ class BertModel(Reopenable):
         return out
 
     def _encode_batch(self, rows: list[list[int]], batch_size: int) -> np.ndarray:
-        n_seq = self.bucket_length(max(len(r) for r in rows))
-        n_batch = min(1 << (len(rows) - 1).bit_length(), batch_size)
         lengths = [len(r) for r in rows]
+        n_seq = self.bucket_length(max(lengths))
+        n_batch = min(1 << (len(rows) - 1).bit_length(), batch_size)
         real = sum(lengths)
         n_tok = bucket(real)
-        # packed tokens (filler past ``real``: [PAD] at position 0, computed and dropped)
-        tok = np.zeros(n_tok, np.int64)
-        tok[:real] = np.concatenate(rows)
-        pos = np.zeros(n_tok, np.int64)
-        pos[:real] = np.concatenate([np.arange(n) for n in lengths])
-        # padded slot b * n_seq + s -> its packed token (padding and filler rows: token 0,
-        # masked as keys, dropped as queries); packed token -> its slot
+        # packed token -> its padded slot b * n_seq + s (filler tokens past ``real``:
+        # [PAD] in slot 0, computed and dropped); its position is the slot's s
         to_slot = np.zeros(n_tok, np.int64)
         to_slot[:real] = np.concatenate([b * n_seq + np.arange(n)
                                          for b, n in enumerate(lengths)])
+        tok = np.zeros(n_tok, np.int64)
+        tok[:real] = np.concatenate(rows)
+        pos = to_slot % n_seq
+        # padded slot -> its packed token (padding and filler rows: token 0, masked as
+        # keys, dropped as queries)
         from_slot = np.zeros(n_batch * n_seq, np.int64)
         from_slot[to_slot[:real]] = np.arange(real)
         mask = np.zeros((n_batch, n_seq), np.float32)
+        mask.reshape(-1)[to_slot[:real]] = 1.0
         mask[len(rows):, 0] = 1.0  # filler rows: one token, so nothing divides by 0
-        for i, n in enumerate(lengths):
-            mask[i, :n] = 1.0
 
         def i64(tag: str, a: np.ndarray) -> Any:
             return fucina.Tensor(tag, dtype="i64").from_numpy(self.ctx, a)
