@@ -53,7 +53,9 @@ def test_a_workers_error_reaches_the_caller():
 
     def entry(ctl, nch):
         if threading.get_ident() == caller:
-            time.sleep(0.05)  # leave the worker time to take a chunk
+            end = time.monotonic() + 10.0  # wait for the worker to take its chunk (a
+            while ctl[0] == 0 and time.monotonic() < end:  # busy machine wakes it late)
+                time.sleep(0.001)
             while ctl[0] < nch:  # (under the GIL: a plain add is atomic here)
                 ctl[0] += 1
                 ctl[1] += 1
