@@ -251,8 +251,11 @@ def _linear_gelu_case(quick: bool) -> Case:
         c.torch = best_time(
             lambda: torch.nn.functional.gelu(torch.addmm(tb, tx, tw.T), approximate="tanh"), mt)
     c.notes["kernels"] = len(fast.kernels(x, w, bias))
-    c.notes["max_abs_err_vs_numpy"] = float(np.max(np.abs(fast(x, w, bias).numpy()
-                                                          - np_linear())))
+    # Relative to the largest output: fucina's own GEMM (AVX-512 hosts) sums in another
+    # order than OpenBLAS, both within a few float32 ulps of the largest partial sum.
+    want = np_linear()
+    c.notes["max_rel_err_vs_numpy"] = float(np.max(np.abs(fast(x, w, bias).numpy() - want))
+                                            / np.max(np.abs(want)))
     return c
 
 

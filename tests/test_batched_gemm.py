@@ -216,3 +216,84 @@ def test_operands_over_byte_buffers_and_strided_roots():
     np.testing.assert_allclose(out, _ref(want_a, wide[:, :, ::2]), rtol=1e-5, atol=1e-4)
     flat, off = bg._span(b, False)
     assert flat.size == (b.shape[0] - 1) * b.strides[0] // 4 + (K - 1) * 2 * N + 2 * (N - 1) + 1
+
+
+# ---------------------------------------------------------------- one large product
+# The blocked kernel (bg._run on 2-D operands) is called directly: matmul routes to
+# it only on 16-lane (AVX-512) targets, and every host must test it.
+
+@pytest.mark.parametrize("m,k,n", [(6, 1, 32), (7, 300, 33), (97, 257, 129), (200, 513, 160),
+                                   (96, 256, 128)])
+@pytest.mark.parametrize("a_order,b_order,c_order", [("rc", "cr", "rc"), ("rc", "rc", "rc"),
+                                                     ("cr", "cr", "cr"), ("cr", "rc", "cr")])
+def test_blocked_product_around_the_blocks(m, k, n, a_order, b_order, c_order):
+    rng = np.random.default_rng(m + k + n)
+    a = _stored(rng, (1, m, k), a_order, False)[0]
+    b = _stored(rng, (1, k, n), b_order, False)[0]
+    out = np.full((m, n) if c_order == "rc" else (n, m), np.nan, np.float32)
+    out = out if c_order == "rc" else out.T
+    got = bg._run(a, b, out)
+    assert got is out
+    np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-4 * max(1, k) ** 0.5)
+
+
+def test_blocked_product_strided_and_offset_views():
+    rng = np.random.default_rng(5)
+    big = rng.standard_normal((3, 300, 400)).astype(np.float32)
+    a = big[1, 3:203:2, 5:305]  # row step 2, offset
+    b = big[2, :, 7:397:3]  # column step 3: packed
+    out = np.zeros((120, 300), np.float32)[10:110, 3:3 + 130]  # rows of a wider buffer
+    bg._run(a, b, out)
+    np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=2e-3)
+
+
+def test_blocked_product_same_bits_in_both_orientations_and_thread_counts():
+    """Each element is one fixed chain of multiply-adds: the orientation the kernel picks
+    and the number of threads never change a bit (eager == compiled relies on it)."""
+    import numba
+
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((150, 700)).astype(np.float32)
+    w = rng.standard_normal((90, 700)).astype(np.float32)
+    c1 = bg._run(a, w.T, np.empty((150, 90), np.float32))
+    c2 = bg._run(w, a.T, np.empty((90, 150), np.float32)).T
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        c3 = bg._run(a, w.T, np.empty((150, 90), np.float32))
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(c1, c2)
+    np.testing.assert_array_equal(c1, c3)
+    np.testing.assert_allclose(c1, _ref(a, w.T), rtol=1e-5, atol=1e-3)
+
+
+def test_blocked_product_routing_follows_the_vector_width():
+    from fucina.kernels.microkernel import LANES
+
+    a = np.ones((256, 256), np.float32)
+    out = np.zeros((256, 256), np.float32)
+    assert bg.serves(a, a, out) == (LANES == 16 and bg.THREAD_SAFE and bg.BLAS_PINNED_NARROW)
+    assert not bg.serves(a[:, :16], a[:16], out)  # too little work: BLAS
+    assert not bg.serves(a.astype(np.float64), a.astype(np.float64), out.astype(np.float64))
+
+
+def test_large_dot_eager_equals_compiled_and_numpy():
+    rng = np.random.default_rng(3)
+    ctx = F.ExecContext()
+    xv = rng.standard_normal((300, 260)).astype(np.float32)
+    wv = rng.standard_normal((270, 260)).astype(np.float32)
+    x = F.Tensor("tok", "in").from_numpy(ctx, xv)
+    w = F.Tensor("out", "in").from_numpy(ctx, wv)
+    eager = x.dot(w, "in").numpy()
+    compiled = F.compile(lambda x, w: x.dot(w, "in"))(x, w).numpy()
+    np.testing.assert_array_equal(eager, compiled)
+    np.testing.assert_allclose(eager, _ref(xv, wv.T), rtol=1e-5, atol=1e-3)
+
+
+def test_blas_pin_read_from_openblas_coretype():
+    assert bg.blas_pinned_narrow({"OPENBLAS_CORETYPE": "Haswell"})
+    assert bg.blas_pinned_narrow({"OPENBLAS_CORETYPE": "zen"})
+    assert not bg.blas_pinned_narrow({"OPENBLAS_CORETYPE": "SkylakeX"})
+    assert not bg.blas_pinned_narrow({"OPENBLAS_CORETYPE": " cooperlake "})
+    assert not bg.blas_pinned_narrow({})  # OpenBLAS's own choice

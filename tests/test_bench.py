@@ -24,6 +24,7 @@ def test_quick_suite_runs_and_reports(capsys, tmp_path):
     assert by_name["5-op"].notes["kernels"] == 1
     assert by_name["row"].notes["kernels"] == 1
     assert by_name["linear+bias+gelu"].notes["kernels"] == 1
+    assert 0 <= by_name["linear+bias+gelu"].notes["max_rel_err_vs_numpy"] < 1e-5
     assert "copied=none" in by_name["dot"].notes["gemm"]
     flash = [c for c in cases if c.name.startswith("causal attention fwd ")][0]
     assert "max_abs_err_vs_torch" not in flash.notes or flash.notes["max_abs_err_vs_torch"] < 1e-5

@@ -535,8 +535,9 @@ class Program:
 
     def _gemm_runner(self, i: int, n: Node, p: Any, slot: int, fresh: bool
                      ) -> Callable[[list[Any], _Scratch], None]:
-        """A planned f32/f64 GEMM (``np.matmul``, or the stacked kernel for a stack of small
-        f32 matrices: :func:`batched_gemm.matmul`) straight into the result's buffer.
+        """A planned f32/f64 GEMM (``np.matmul``, or fucina's kernels for a stack of small
+        f32 matrices or a large f32 matrix product: :func:`batched_gemm.matmul`) straight
+        into the result's buffer.
 
         The matrix views are the ones :func:`gemm.contract` makes (the same shapes,
         strides and data); their layout is recorded on the first run and rebuilt
@@ -555,7 +556,9 @@ class Program:
         read_a, read_b = mats
         kept_out = not fresh and slot >= self._n_in
         key = (i, 2)
-        matmul = batched_gemm.matmul if len(out_shape) in (3, 4) else np.matmul
+        mine = len(out_shape) in (3, 4) or (len(out_shape) == 2 and batched_gemm.plane_sized(
+            p.msize, p.nsize, p.ksize, dtype))
+        matmul = batched_gemm.matmul if mine else np.matmul
 
         def run(bufs: list[Any], scr: _Scratch) -> None:
             A = read_a(bufs, scr)

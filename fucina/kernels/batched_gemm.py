@@ -8,6 +8,13 @@ stack runs in one ``prange`` over contiguous runs of matrices (one run per
 thread), each matrix on the register-blocked micro-kernel of
 ``fucina.kernels.microkernel``.
 
+One large float32 matrix product runs here too, where the micro-kernel has
+16-lane tiles (AVX-512) and OpenBLAS is pinned to its AVX2 kernels
+(``OPENBLAS_CORETYPE=Haswell`` is set in these machines' environment): blocks
+of C shared out over the threads, K in chunks (:func:`_plane`), at up to twice
+the pinned OpenBLAS's speed (1024 x 384 x 1536 on two threads, AMD EPYC Zen 5:
+3.3 ms against 5.0).
+
 The micro-kernel reads ``A`` in any layout, but wants ``B`` and ``C`` with
 unit stride along ``N``. Per call one of two orientations is chosen, the one
 that moves fewer elements: ``C = A B`` as given, or ``C^T = B^T A^T`` written
@@ -27,6 +34,8 @@ span, before the kernel runs.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 
 import numba
 import numpy as np
@@ -34,7 +43,7 @@ from numba import njit, prange, types
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
-from .microkernel import MR6, NR6, gemm6
+from .microkernel import LANES, MR6, NR6, gemm6
 from .threads import THREAD_SAFE
 
 #: Largest M, N or K served by the kernel: beyond it BLAS's cache blocking (packed
@@ -45,6 +54,14 @@ MAX_DIM = 512
 MIN_WORK = 1 << 16
 #: Columns per block when packing ``B`` or copying out ``C`` through strided memory.
 PACK = 16
+#: Blocks of one large product (:func:`_plane`): rows and columns of C per task, and
+#: the K chunk. 1024 x 384 x 1536 on two threads, AMD EPYC Zen 5: 96 x 128 x 256
+#: within 3% of the best of 48-144 rows, 128-256 columns, 256-512 deep.
+PLANE_M, PLANE_N, PLANE_K = 96, 128, 256
+#: Fewest multiply-adds, and fewest rows and columns, of a product :func:`_plane` serves:
+#: its two parallel launches cost ~40 us (Zen 5: 256^3 took 126 us against OpenBLAS's
+#: 151, 128^3 46 us against 23).
+PLANE_MIN_WORK, PLANE_MIN_SIDE = 1 << 24, 32
 
 
 @intrinsic
@@ -173,6 +190,74 @@ def _stack(A, B, C, geo, pack_b, via_scratch, runs):
                             _st(C, c0 + m * c_ms + n * c_ns, out[m * Np + n])  # type: ignore[call-arg]
 
 
+@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+def _plane(A, B, C, geo, pack_b, via_scratch, runs):
+    """C = A B for one large matrix product (the geometry of :func:`_stack` with one
+    matrix), cache-blocked over the micro-kernel: B is packed once (in parallel) when
+    it must be, then PLANE_M x PLANE_N blocks of C are shared out over ``runs``
+    threads, each summed over K in chunks of PLANE_K (the B chunk stays in L2).
+
+    Every element of C is the same chain of fused multiply-adds in k order within a
+    chunk, chunks added in order, whatever the orientation, blocking or thread count:
+    eager and compiled products agree bit for bit."""
+    (n1, n2, M, K, N, a0, a_s1, a_s2, a_rs, a_ks, b0, b_s1, b_s2, b_ks, b_ns,
+     c0, c_s1, c_s2, c_ms, c_ns) = geo
+    Np = (N + NR6 - 1) // NR6 * NR6
+    npk = (N + PACK - 1) // PACK
+    Bp = np.zeros(K * Np if pack_b else 1, dtype=np.float32)
+    if pack_b:
+        for r in prange(runs):
+            for j in range(r * npk // runs, (r + 1) * npk // runs):
+                n0 = j * PACK
+                for k in range(K):
+                    for n in range(n0, min(n0 + PACK, N)):
+                        Bp[k * Np + n] = _ld(B, b0 + k * b_ks + n * b_ns)  # type: ignore[call-arg]
+    nm = (M + PLANE_M - 1) // PLANE_M
+    nn = (Np + PLANE_N - 1) // PLANE_N
+    tasks = nm * nn
+    zero = tasks - tasks  # an int64 zero, not a literal
+    for r in prange(runs):
+        out = np.empty(PLANE_M * PLANE_N if via_scratch else 1, dtype=np.float32)
+        arows = np.empty(MR6 * PLANE_K, dtype=np.float32)
+        crows = np.empty(MR6 * PLANE_N, dtype=np.float32)
+        for t in range(r * tasks // runs, (r + 1) * tasks // runs):
+            i, j = divmod(t, nn)
+            m0 = i * PLANE_M
+            n0 = j * PLANE_N
+            rows = min(PLANE_M, M - m0)
+            cols = min(PLANE_N, Np - n0)  # a multiple of NR6
+            src, at, ld = (_frozen(Bp), n0 + zero, Np) if pack_b else (B, b0 + n0 * b_ns, b_ks)  # type: ignore[call-arg]
+            direct = c0 + m0 * c_ms + n0 * c_ns
+            dst, d0, ldd = (out, zero, cols) if via_scratch else (C, direct, c_ms)
+            m6 = rows - rows % MR6
+            for k0 in range(0, K, PLANE_K):
+                kk = min(PLANE_K, K - k0)
+                acc = k0 > 0
+                a_off = a0 + m0 * a_rs + k0 * a_ks
+                if m6 > 0:
+                    gemm6(A, a_off, a_rs, a_ks, src, at + k0 * ld, ld, dst, d0, ldd, m6, cols,
+                          kk, acc)
+                if rows > m6:  # the last rows, zero-padded to a whole tile
+                    arows[:] = 0.0
+                    for ii in range(rows - m6):
+                        for k in range(kk):
+                            arows[ii * kk + k] = _ld(A, a_off + (m6 + ii) * a_rs + k * a_ks)  # type: ignore[call-arg]
+                    gemm6(arows, zero, kk, 1, src, at + k0 * ld, ld, crows, zero, cols, MR6,
+                          cols, kk, False)
+                    for ii in range(rows - m6):
+                        for n in range(cols):
+                            q = d0 + (m6 + ii) * ldd + n
+                            v = crows[ii * cols + n]
+                            if acc:
+                                v = dst[q] + v  # the tile's own order: stored + chunk
+                            dst[q] = v
+            if via_scratch:
+                for q0 in range(n0, min(n0 + cols, N), PACK):
+                    for m in range(rows):
+                        for n in range(q0, min(q0 + PACK, N)):
+                            _st(C, c0 + (m0 + m) * c_ms + n * c_ns, out[m * cols + n - n0])  # type: ignore[call-arg]
+
+
 def _span(x: np.ndarray, writable: bool) -> tuple[np.ndarray, int]:
     """(flat float32 span of the memory ``x`` can reach, element offset of ``x``'s first
     element in it): a view, never a copy. The span is 1-D, contiguous, aligned and
@@ -225,11 +310,40 @@ def _unit(stride: int, size: int) -> bool:
     return stride == 4 or size == 1
 
 
+#: OpenBLAS cores with AVX-512 kernels (names as ``OPENBLAS_CORETYPE`` takes them).
+WIDE_BLAS_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+
+
+def blas_pinned_narrow(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``OPENBLAS_CORETYPE`` pins OpenBLAS to a core without AVX-512 kernels
+    (these machines set ``Haswell``). Unset, OpenBLAS picks its own, its AVX-512
+    kernels on AVX-512 CPUs it knows, and those beat :func:`_plane` on large square
+    products (1024^3 on two threads, Zen 5: 4.5 ms against 7.2-8.5)."""
+    core = environ.get("OPENBLAS_CORETYPE")
+    return core is not None and core.strip().lower() not in WIDE_BLAS_CORES
+
+
+#: Read once, as OpenBLAS reads the variable once, when numpy loads it.
+BLAS_PINNED_NARROW = blas_pinned_narrow()
+
+
+def plane_sized(m: int, n: int, k: int, dtype: np.dtype | type) -> bool:
+    """Whether one ``[m, k] x [k, n]`` product of ``dtype`` goes to the blocked kernel
+    (:func:`_plane`): only where it pays, with 16-lane tiles (AVX-512; with 8 lanes
+    the tile only matches OpenBLAS's AVX2 kernels) while OpenBLAS is pinned to AVX2
+    kernels (:data:`BLAS_PINNED_NARROW`); float32, at least PLANE_MIN_SIDE rows and
+    columns and PLANE_MIN_WORK multiply-adds."""
+    return (THREAD_SAFE and LANES == 16 and BLAS_PINNED_NARROW
+            and np.dtype(dtype) == np.float32 and k >= 1
+            and min(m, n) >= PLANE_MIN_SIDE and m * n * k >= PLANE_MIN_WORK)
+
+
 def serves(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
-    """Whether :func:`matmul` runs ``out = A @ B`` on the stacked kernel (else BLAS):
+    """Whether :func:`matmul` runs ``out = A @ B`` on its own kernels (else BLAS):
     float32 stacks (one or two batch axes, the same in all three) of two or more small
-    matrices with enough work in total."""
-    if not THREAD_SAFE or not 3 <= A.ndim <= 4 or not A.ndim == B.ndim == out.ndim:
+    matrices with enough work in total, or one large float32 matrix product that
+    :func:`plane_sized` accepts."""
+    if not THREAD_SAFE or not 2 <= A.ndim <= 4 or not A.ndim == B.ndim == out.ndim:
         return False
     if not (A.dtype == B.dtype == out.dtype == np.float32):
         return False
@@ -238,7 +352,10 @@ def serves(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     m, k = A.shape[-2:]
     n = B.shape[-1]
     nb = math.prod(A.shape[:-2])
-    if nb < 2 or min(m, n, k) < 1 or max(m, n, k) > MAX_DIM or nb * m * n * k < MIN_WORK:
+    if A.ndim == 2:
+        if not plane_sized(m, n, k, A.dtype):
+            return False
+    elif nb < 2 or min(m, n, k) < 1 or max(m, n, k) > MAX_DIM or nb * m * n * k < MIN_WORK:
         return False
     if not all(s % 4 == 0 for s in A.strides + B.strides + out.strides):
         return False
@@ -249,14 +366,23 @@ def serves(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
 
 
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[...] = A @ B`` for stacks ``A [*b, M, K]``, ``B [*b, K, N]``, ``out [*b, M, N]``.
+    """``out[...] = A @ B`` for matrices or stacks ``A [*b, M, K]``, ``B [*b, K, N]``,
+    ``out [*b, M, N]``.
 
     Same contract as ``np.matmul(A, B, out=out)`` (values agree to float32
-    rounding); the stacked kernel serves the stacks :func:`serves` accepts and
-    BLAS the rest. Shapes are checked here: the kernel trusts them.
+    rounding); the stacked kernel serves the stacks :func:`serves` accepts, the
+    blocked kernel the large matrix products, and BLAS the rest. Shapes are checked
+    here: the kernels trust them.
     """
     if not serves(A, B, out):
         return np.matmul(A, B, out=out)
+    return _run(A, B, out)
+
+
+def _run(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """:func:`matmul` on fucina's kernels for operands :func:`serves` would accept
+    (whatever their size and the host: the tests call it directly): the blocked
+    kernel for one matrix product, the stacked kernel for a stack."""
     m, k = A.shape[-2:]
     n = B.shape[-1]
     if B.shape[-2] != k or out.shape[-2:] != (m, n):
@@ -265,16 +391,20 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
         raise ValueError("matmul output is read-only")
     # Pick the orientation that moves fewer elements besides the product.
     res = out
-    if A.ndim == 3:
+    plane = A.ndim == 2
+    while A.ndim < 4:
         A, B, out = A[None], B[None], out[None]
     if _moved(A.swapaxes(2, 3), out.swapaxes(2, 3)) < _moved(B, out):
         A, B, out = B.swapaxes(2, 3), A.swapaxes(2, 3), out.swapaxes(2, 3)
     pack_b, via_scratch = _needs(B, out)
-    runs = min(A.shape[0] * A.shape[1], numba.get_num_threads())
+    threads = numba.get_num_threads()
     (a, a0), (b, b0), (c, c0) = _span(A, False), _span(B, False), _span(out, True)
     geo = (*A.shape, B.shape[3], a0, *_elems(A), b0, *_elems(B), c0, *_elems(out))
     _check_reach(geo, a.size, b.size, c.size)
-    _stack(a, b, c, geo, pack_b, via_scratch, runs)
+    if plane:
+        _plane(a, b, c, geo, pack_b, via_scratch, threads)
+    else:
+        _stack(a, b, c, geo, pack_b, via_scratch, min(A.shape[0] * A.shape[1], threads))
     return res
 
 

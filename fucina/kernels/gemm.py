@@ -229,7 +229,8 @@ def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, .
     if out is not None and p.out_perm is None and out.dtype == acc:
         batched_gemm.matmul(A, B, out.reshape(p.batch_sizes + (p.msize, p.nsize)))
         return out.reshape(tuple(sizes[x] for x in canon) or (1,))
-    if A.ndim in (3, 4) and A.dtype == np.float32:  # a stack: maybe the stacked kernel's
+    if A.dtype == np.float32 and (A.ndim in (3, 4) or (A.ndim == 2 and batched_gemm.plane_sized(
+            p.msize, p.nsize, p.ksize, A.dtype))):  # maybe one of fucina's kernels
         C = batched_gemm.matmul(A, B, np.empty(p.batch_sizes + (p.msize, p.nsize), A.dtype))
     else:
         C = np.matmul(A, B)

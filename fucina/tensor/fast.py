@@ -309,22 +309,24 @@ class _FastDot:
         self.swapped = swapped
         self.out_shape = out_shape
         self.in_np = in_np
-        self.gemm = _gemm_call(sides, out_shape)
+        self.gemm = _gemm_call(sides, out_shape, self.np_dtype)
         self.fresh = self.small and self.gemm is not batched_gemm.matmul
 
 
-def _gemm_call(sides: tuple[_Matrix, _Matrix], out_shape: tuple[int, ...]
-               ) -> Callable[..., Any]:
+def _gemm_call(sides: tuple[_Matrix, _Matrix], out_shape: tuple[int, ...],
+               dtype: np.dtype) -> Callable[..., Any]:
     """The product ``gemm(A, B, out)`` the normal path and a compiled program make for
-    these views: the stacked kernel's ``matmul`` for a stack, else ``np.matmul`` --
+    these views: fucina's ``matmul`` for a stack or a matrix product its blocked
+    kernel takes (:func:`batched_gemm.plane_sized`), else ``np.matmul`` --
     or ``np.dot`` where that is the same BLAS call for less overhead: two whole
     matrices (C- or F-contiguous, every dimension above 1: numpy's dot and matmul
     then both call ``gemm`` with the same arguments, and both turn to ``syrk`` for a
     matrix times its own transpose), where matmul's ufunc machinery costs about
     0.5 us more per call."""
-    if len(out_shape) in (3, 4):
-        return batched_gemm.matmul
     a, b = sides
+    if len(out_shape) in (3, 4) or (len(out_shape) == 2 and batched_gemm.plane_sized(
+            out_shape[0], out_shape[1], a.shape[1], dtype)):
+        return batched_gemm.matmul
     if len(out_shape) == 2 and min(a.shape + b.shape) > 1 and a.blas and b.blas:
         return np.dot
     return np.matmul
@@ -400,7 +402,7 @@ def gemm_route(labels: Any, result: RawTensor, ra: RawTensor, rb: RawTensor) -> 
     B = gemm.matrix_view(y, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
     sides = (_Matrix(A, bx, rx), _Matrix(B, by, ry))
     out_shape = p.batch_sizes + (p.msize, p.nsize)
-    return sides[0], sides[1], p.swapped, _gemm_call(sides, out_shape), out_shape
+    return sides[0], sides[1], p.swapped, _gemm_call(sides, out_shape, A.dtype), out_shape
 
 
 def learn_dot(self: Any, other: Any, contract: Any, out: Any) -> None:
