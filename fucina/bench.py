@@ -1027,7 +1027,8 @@ def plot(data: dict[str, dict[str, float]], path: Path, title: str) -> Path | No
     ax.set_xscale("log")
     ax.set_xlabel("ratio (log scale)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    if series:  # a run with no ratios (every row skipped) has no series to name
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -107,6 +107,11 @@ def test_compare_and_ratios_of_saved_runs(tmp_path, capsys):
         assert bench.plot(data, tmp_path / "r.png", "t") is None
     else:
         assert (tmp_path / "b.compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        import warnings
+
+        with warnings.catch_warnings():  # rows without ratios: no legend to warn about
+            warnings.simplefilter("error")
+            assert bench.plot({"row": {}}, tmp_path / "empty.png", "t") is not None
 
 
 def _alive(pid):
