@@ -82,6 +82,7 @@ CONV2D_CASES = [
     ((2,), 6, 6, 8, 6, (3, 3), (1, 1), (0, 0), 1, False),    # Winograd F2, no padding
     ((1,), 10, 9, 8, 5, (3, 3), (1, 1), (1, 1), 1, True),    # Winograd F4, partial tiles
     ((2,), 10, 11, 6, 4, (3, 3), (1, 1), (0, 1), 1, True),   # Winograd F4, mixed padding
+    ((1,), 10, 9, 16, 32, (3, 3), (1, 1), (1, 1), 1, True),  # F4 fused, micro-kernel planes
     ((1,), 9, 8, 96, 96, (3, 3), (1, 1), (1, 1), 1, True),   # F4, chunked (deep channels)
     ((2,), 5, 4, 96, 96, (3, 3), (1, 1), (1, 1), 1, False),  # F2, chunked (deep channels)
     ((1,), 9, 8, 4, 3, (3, 3), (2, 2), (1, 1), 1, True),     # stride 2 (col2im grad)
@@ -601,3 +602,26 @@ def test_snippet_unfold_extracts_patches_and_fold_accumulates_them_back(ctx):
     np.testing.assert_array_equal(col.data_const(), [1, 2, 3, 4])
     img = col.fold((2, 2), (2, 2), (2, 2), (0, 0), ("h", "w", "c"))
     np.testing.assert_array_equal(img.data_const(), [1, 2, 3, 4])
+
+
+def test_conv2d_winograd_planes_on_the_micro_kernel_match_numpy(ctx):
+    """Output channels a multiple of 32: on 16-lane (AVX-512) targets the fused Winograd
+    route multiplies its planes on the micro-kernel in whole 6-row tiles (the rows past
+    a block's last tile hold stale values and must never reach the output). Checked
+    against a direct float64 convolution, with NaN-free but large stale data first."""
+    rng = np.random.default_rng(21)
+    x0 = _rand(rng, 3, 9, 11, 16)
+    w0 = _rand(rng, 64, 3, 3, 16) * np.float32(0.1)
+    b0 = _rand(rng, 64)
+    big = F.Tensor("b", "h", "w", "c").from_slice(ctx, (3, 9, 11, 16), x0 * np.float32(1e6))
+    w = F.Tensor("o", "kh", "kw", "i").from_slice(ctx, w0.shape, w0)
+    b = F.Tensor("o").from_slice(ctx, b0.shape, b0)
+    big.conv2d(w, b, 1, 1, 1, ("oh", "ow", "oc")).numpy()  # leaves large values in scratch
+    x = F.Tensor("b", "h", "w", "c").from_slice(ctx, x0.shape, x0)
+    got = x.conv2d(w, b, 1, 1, 1, ("oh", "ow", "oc")).numpy()
+    xp = np.pad(x0.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    want = np.zeros((3, 9, 11, 64)) + b0
+    for ky in range(3):
+        for kx in range(3):
+            want += np.einsum("bhwc,oc->bhwo", xp[:, ky:ky + 9, kx:kx + 11], w0[:, ky, kx])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
