@@ -43,8 +43,19 @@ def test_tiles_at_both_widths_match_numpy(rows, lanes, nv, a_transposed):
     np.testing.assert_allclose(c[:, :N], 2 * want, rtol=1e-5, atol=2e-4)
 
 
-def test_host_width_follows_the_target():
+def test_host_gemm6_tiles_match_numpy():
+    """The module's own compiled block kernel at the host's width (NR6 columns per
+    tile), over several tiles in both directions, accumulating or not."""
     from fucina.kernels.vecmath import wide_vectors
 
-    assert mk.LANES == (16 if wide_vectors() else 8)
-    assert mk.NR6 == 2 * mk.LANES and mk.NR % mk.LANES == 0
+    assert mk.NR6 == (32 if wide_vectors() else 16)  # 16 lanes only with AVX-512F
+    rng = np.random.default_rng(4)
+    M, N, K = 2 * mk.MR6, 3 * mk.NR6, 29
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    c = np.full((M, N), 0.5, np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    mk.gemm6(a.ravel(), 0, K, 1, b.ravel(), 0, N, c.ravel(), 0, N, M, N, K, True)
+    np.testing.assert_allclose(c, want + 0.5, rtol=1e-5, atol=1e-4)
+    mk.gemm6(a.ravel(), 0, K, 1, b.ravel(), 0, N, c.ravel(), 0, N, M, N, K, False)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-4)

@@ -556,8 +556,7 @@ class Program:
         read_a, read_b = mats
         kept_out = not fresh and slot >= self._n_in
         key = (i, 2)
-        mine = len(out_shape) in (3, 4) or (len(out_shape) == 2 and batched_gemm.plane_sized(
-            p.msize, p.nsize, p.ksize, dtype))
+        mine = batched_gemm.routes_here(out_shape, p.ksize, dtype)
         matmul = batched_gemm.matmul if mine else np.matmul
 
         def run(bufs: list[Any], scr: _Scratch) -> None:

@@ -56,8 +56,9 @@ MIN_WORK = 1 << 16
 #: Columns per block when packing ``B`` or copying out ``C`` through strided memory.
 PACK = 16
 #: Blocks of one large product (:func:`_plane`): rows and columns of C per task, and
-#: the K chunk. 1024 x 384 x 1536 on two threads, AMD EPYC Zen 5: 96 x 128 x 256
-#: within 3% of the best of 48-144 rows, 128-256 columns, 256-512 deep.
+#: the K chunk. Chosen on the first version (B read in place, not packed in strips):
+#: 1024 x 384 x 1536 on two threads, AMD EPYC Zen 5, 96 x 128 x 256 within 3% of the
+#: best of 48-144 rows, 128-256 columns, 256-512 deep; not re-tuned since.
 PLANE_M, PLANE_N, PLANE_K = 96, 128, 256
 #: Fewest multiply-adds, and fewest rows and columns, of a product :func:`_plane` serves:
 #: its two parallel launches cost ~40 us (Zen 5: 256^3 took 126 us against OpenBLAS's
@@ -98,16 +99,18 @@ _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 
 @_jit
-def _product(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, arows, crows):
-    """C = A B for one matrix, every product on the vector micro-kernel.
+def _product(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, arows, crows,
+             accumulate):
+    """C (+)= A B for one matrix, every product on the vector micro-kernel.
 
     ``B`` and ``C`` are unit-stride along N (row strides ``ldb``, ``ldc``) and ``N`` is
     a multiple of :data:`NR6` (callers pad). Rows past the last whole 6-row tile are copied
     into the zero-padded ``arows`` ([6, K]) and computed into ``crows`` ([6, N]):
-    scalar edge loops cost as much as the whole vector part (measured)."""
+    scalar edge loops cost as much as the whole vector part (measured). With
+    ``accumulate`` those rows are added as the tile adds: stored value + new sum."""
     m6 = M - M % MR6
     if m6 > 0:
-        gemm6(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, m6, N, K, False)
+        gemm6(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, m6, N, K, accumulate)
     r = M - m6
     if r > 0:
         arows[:] = 0.0
@@ -117,7 +120,11 @@ def _product(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, arows,
         gemm6(arows, 0, K, 1, B, b_off, ldb, crows, 0, N, MR6, N, K, False)
         for i in range(r):
             for n in range(N):
-                _st(C, c_off + (m6 + i) * ldc + n, crows[i * N + n])  # type: ignore[call-arg]
+                w = c_off + (m6 + i) * ldc + n
+                v = crows[i * N + n]
+                if accumulate:
+                    v = _ld(C, w) + v  # type: ignore[call-arg]
+                _st(C, w, v)  # type: ignore[call-arg]
 
 
 @intrinsic
@@ -183,7 +190,7 @@ def _stack(A, B, C, geo, pack_b, via_scratch, runs):
             src, at, ld = (_frozen(panel), zero, Np) if pack_b else (B, b0, b_ks)  # type: ignore[call-arg]
             dst, to, ldc = (out, zero, Np) if via_scratch else (C, c0, c_ms)
             _product(A, a_off, a_rs, a_ks, src, at, ld, dst, to, ldc, M,
-                     Np if via_scratch else N, K, arows, crows)
+                     Np if via_scratch else N, K, arows, crows, False)
             if via_scratch:
                 for n0 in range(0, N, PACK):  # blocked like the packing of B
                     for m in range(M):
@@ -228,7 +235,7 @@ def _plane(A, B, C, geo, via_scratch, runs):
                         for k in range(k1, min(k1 + PACK, K)):
                             Bp[base + k * NR6 + c] = (_ld(B, b0 + k * b_ks + n * b_ns)  # type: ignore[call-arg]
                                                       if n < N else np.float32(0.0))
-    src: Any = _frozen(Bp)  # type: ignore[call-arg]
+    src: Any = _frozen(Bp)  # type: ignore[call-arg]  # (mypy types intrinsic calls NoReturn)
     nm = (M + PLANE_M - 1) // PLANE_M
     nn = (Np + PLANE_N - 1) // PLANE_N
     tasks = nm * nn
@@ -236,7 +243,7 @@ def _plane(A, B, C, geo, via_scratch, runs):
     for r in prange(runs):
         out = np.empty(PLANE_M * PLANE_N if via_scratch else 1, dtype=np.float32)
         arows = np.empty(MR6 * PLANE_K, dtype=np.float32)
-        crows = np.empty(MR6 * PLANE_N, dtype=np.float32)
+        crows = np.empty(MR6 * NR6, dtype=np.float32)
         for t in range(r * tasks // runs, (r + 1) * tasks // runs):
             i, j = divmod(t, nn)
             m0 = i * PLANE_M
@@ -245,32 +252,12 @@ def _plane(A, B, C, geo, via_scratch, runs):
             cols = min(PLANE_N, Np - n0)  # a multiple of NR6
             direct = c0 + m0 * c_ms + n0 * c_ns
             dst, d0, ldd = (out, zero, cols) if via_scratch else (C, direct, c_ms)
-            m6 = rows - rows % MR6
             for k0 in range(0, K, PLANE_K):
                 kk = min(PLANE_K, K - k0)
-                acc = k0 > 0
                 a_off = a0 + m0 * a_rs + k0 * a_ks
-                if rows > m6:  # the last rows, zero-padded to a whole tile
-                    arows[:] = 0.0
-                    for ii in range(rows - m6):
-                        for k in range(kk):
-                            arows[ii * kk + k] = _ld(A, a_off + (m6 + ii) * a_rs + k * a_ks)
-                for q in range(0, cols, NR6):
-                    at = (n0 + q) * K + k0 * NR6  # strip (n0 + q) / NR6, row k0
-                    if m6 > 0:
-                        gemm6(A, a_off, a_rs, a_ks, src, at, NR6, dst, d0 + q, ldd, m6, NR6,
-                              kk, acc)
-                    if rows > m6:
-                        gemm6(arows, zero, kk, 1, src, at, NR6, crows, q + zero, cols, MR6,
-                              NR6, kk, False)
-                if rows > m6:
-                    for ii in range(rows - m6):
-                        for n in range(cols):
-                            w = d0 + (m6 + ii) * ldd + n
-                            v = crows[ii * cols + n]
-                            if acc:
-                                v = dst[w] + v  # the tile's own order: stored + chunk
-                            dst[w] = v
+                for q in range(0, cols, NR6):  # strip (n0 + q) / NR6 from its row k0
+                    _product(A, a_off, a_rs, a_ks, src, (n0 + q) * K + k0 * NR6, NR6, dst,
+                             d0 + q, ldd, rows, NR6, kk, arows, crows, k0 > 0)
             if via_scratch:
                 for q0 in range(n0, min(n0 + cols, N), PACK):
                     for m in range(rows):
@@ -337,8 +324,9 @@ WIDE_BLAS_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
 def blas_pinned_narrow(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether ``OPENBLAS_CORETYPE`` pins OpenBLAS to a core without AVX-512 kernels
     (these machines set ``Haswell``). Unset, OpenBLAS picks its own, its AVX-512
-    kernels on AVX-512 CPUs it knows, and those beat :func:`_plane` on large square
-    products (1024^3 on two threads, Zen 5: 4.5 ms against 7.2-8.5)."""
+    kernels on AVX-512 CPUs it knows, and those match or beat :func:`_plane` (two
+    threads, Zen 5: 1024^3 4.4-4.6 ms against 4.9; the MLP step's 256-row products
+    0.9-1.3 ms against 1.1-1.8)."""
     core = environ.get("OPENBLAS_CORETYPE")
     return core is not None and core.strip().lower() not in WIDE_BLAS_CORES
 
@@ -356,6 +344,15 @@ def plane_sized(m: int, n: int, k: int, dtype: np.dtype | type) -> bool:
     return (THREAD_SAFE and LANES == 16 and BLAS_PINNED_NARROW
             and np.dtype(dtype) == np.float32 and k >= 1
             and min(m, n) >= PLANE_MIN_SIDE and m * n * k >= PLANE_MIN_WORK)
+
+
+def routes_here(out_shape: tuple[int, ...], k: int, dtype: np.dtype | type) -> bool:
+    """Whether a planned product with this result matrix-stack shape and depth ``k``
+    is handed to :func:`matmul` (else straight to numpy's BLAS): every stack, and the
+    matrix products :func:`plane_sized` takes. Eager ``dot``, its fast path and
+    compiled programs all decide here, so they run the same kernel."""
+    return len(out_shape) in (3, 4) or (
+        len(out_shape) == 2 and plane_sized(out_shape[0], out_shape[1], k, dtype))
 
 
 def serves(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
@@ -414,6 +411,9 @@ def _run(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
     plane = A.ndim == 2
     while A.ndim < 4:
         A, B, out = A[None], B[None], out[None]
+    # (The blocked kernel packs B whatever the orientation; counting that too chose
+    # the swapped form for a plain A B, whose transposed A reads 4 KiB apart: 256 x
+    # 1024 x 1024 ran 2.3 ms against 1.5.)
     if _moved(A.swapaxes(2, 3), out.swapaxes(2, 3)) < _moved(B, out):
         A, B, out = B.swapaxes(2, 3), A.swapaxes(2, 3), out.swapaxes(2, 3)
     pack_b, via_scratch = _needs(B, out)

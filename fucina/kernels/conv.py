@@ -391,8 +391,9 @@ def _wino_out(M, bias, has_bias, relu, oH, oW, Co, tH, tW, t0, t1, m, at, out):
 def _wino_fused(x, u, bias, has_bias, relu, H, W, C, Co, ph, pw, oH, oW, tH, tW, NT, m,
                 bt, at, rows, tiled, VS, MS, out):
     """The whole Winograd conv in one parallel region: each task takes blocks of
-    ``rows`` tiles through input transform, one small GEMM per plane (single-
-    threaded BLAS inside the task) and output transform, all in its own cache.
+    ``rows`` tiles through input transform, one small GEMM per plane (the
+    micro-kernel, or single-threaded BLAS, inside the task) and output transform,
+    all in its own cache.
     ``VS``/``MS`` hold each task's planes: ``[tasks, n*n, rows, C or Co]``.
 
     ``tiled``: the planes' GEMMs run on the micro-kernel (``rows`` a multiple of 6,

@@ -226,12 +226,12 @@ def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, .
     B = matrix_view(b, lb, p.batch, p.k, p.n, p.b, p.batch_sizes, p.ksize, p.nsize)
     sizes = dict(zip(la, a.shape)) | dict(zip(lb, b.shape))
     canon = p.batch + p.m + p.n
+    shape = p.batch_sizes + (p.msize, p.nsize)
     if out is not None and p.out_perm is None and out.dtype == acc:
-        batched_gemm.matmul(A, B, out.reshape(p.batch_sizes + (p.msize, p.nsize)))
+        batched_gemm.matmul(A, B, out.reshape(shape))
         return out.reshape(tuple(sizes[x] for x in canon) or (1,))
-    if A.dtype == np.float32 and (A.ndim in (3, 4) or (A.ndim == 2 and batched_gemm.plane_sized(
-            p.msize, p.nsize, p.ksize, A.dtype))):  # maybe one of fucina's kernels
-        C = batched_gemm.matmul(A, B, np.empty(p.batch_sizes + (p.msize, p.nsize), A.dtype))
+    if A.dtype == np.float32 and batched_gemm.routes_here(shape, p.ksize, A.dtype):
+        C = batched_gemm.matmul(A, B, np.empty(shape, A.dtype))  # maybe fucina's kernels
     else:
         C = np.matmul(A, B)
     C = C.reshape(tuple(sizes[x] for x in canon) or ())

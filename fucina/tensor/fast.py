@@ -316,16 +316,15 @@ class _FastDot:
 def _gemm_call(sides: tuple[_Matrix, _Matrix], out_shape: tuple[int, ...],
                dtype: np.dtype) -> Callable[..., Any]:
     """The product ``gemm(A, B, out)`` the normal path and a compiled program make for
-    these views: fucina's ``matmul`` for a stack or a matrix product its blocked
-    kernel takes (:func:`batched_gemm.plane_sized`), else ``np.matmul`` --
+    these views: fucina's ``matmul`` where :func:`batched_gemm.routes_here` says so,
+    else ``np.matmul`` --
     or ``np.dot`` where that is the same BLAS call for less overhead: two whole
     matrices (C- or F-contiguous, every dimension above 1: numpy's dot and matmul
     then both call ``gemm`` with the same arguments, and both turn to ``syrk`` for a
     matrix times its own transpose), where matmul's ufunc machinery costs about
     0.5 us more per call."""
     a, b = sides
-    if len(out_shape) in (3, 4) or (len(out_shape) == 2 and batched_gemm.plane_sized(
-            out_shape[0], out_shape[1], a.shape[1], dtype)):
+    if batched_gemm.routes_here(out_shape, a.shape[-1], dtype):
         return batched_gemm.matmul
     if len(out_shape) == 2 and min(a.shape + b.shape) > 1 and a.blas and b.blas:
         return np.dot
