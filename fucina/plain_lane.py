@@ -2,11 +2,15 @@
 
 A call whose arguments are all tensors (positional, none requiring grad, all on
 one open context, no two of them the same tensor or sharing storage) with a
-signature the function has already traced, whose program captures nothing,
-guards nothing and writes no argument, needs none of the general call's work:
-no argument walk, no guard checks, no gradient plumbing. The lane keys such
-calls on what the general signature key holds for them (grad mode, and per
-argument its type, shape and strides) and runs the traced program directly.
+signature the function has already traced, whose program captures no tensor and
+writes no argument, needs little of the general call's work: no argument walk,
+no gradient plumbing. The lane keys such calls on what the general signature key
+holds for them (grad mode, and per argument its type, shape and strides) and
+runs the traced program directly. A program that read Python values from outside
+its arguments (a closure's axis tag, a global's size) has its guards checked on
+every call first, as the general path does (:meth:`~fucina.captures.Captures.resolve`
+re-reads each one); any that fails sends the call to the general path, which
+traces again.
 
 :func:`enter` is ``Compiled.__call__``: a call of one or two tensors whose
 program is one kernel reading them (add, exp, sum...) runs inline there, after
@@ -69,10 +73,12 @@ class _Route:
     result's ``layout``."""
 
     __slots__ = ("run", "out_types", "structure", "rebuild", "one", "kernel", "fast", "gemm",
-                 "layout")
+                 "layout", "caps")
 
     def __init__(self, program: Any, out_types: list[Any], structure: Any,
-                 rebuild: Callable[[Any, list[Any]], Any]):
+                 rebuild: Callable[[Any, list[Any]], Any], caps: Any = None):
+        # The trace's captures when it has guards (checked before every run), else None.
+        self.caps = caps
         one = program.one_kernel_runner()
         self.run: Callable[[list[RawTensor]], list[RawTensor]] = one or program.run
         self.out_types = out_types
@@ -138,6 +144,9 @@ def enter(self: Any, a: Any = _NO, b: Any = _NO, /, *rest: Any, **kwargs: Any) -
                 route = last[1] if key == last[0] else lane.find(key)
         except Exception:
             route = None
+        if route is not None and route.caps is not None \
+                and route.caps.resolve(self.fn, ()) is None:
+            route = None  # a guard failed: the general path traces again
         if route is not None and (not TRACING[0] or _local.tracer is None):
             k = route.kernel
             if k is not None:  # the one kernel (see _kernel)
@@ -165,6 +174,9 @@ def enter(self: Any, a: Any = _NO, b: Any = _NO, /, *rest: Any, **kwargs: Any) -
                 last = lane.last
                 route = last[1] if key == last[0] else lane.find(key)
         except Exception:
+            route = None
+        if route is not None and route.caps is not None \
+                and route.caps.resolve(self.fn, ()) is None:
             route = None
         if route is not None and (not TRACING[0] or _local.tracer is None):
             k = route.kernel
@@ -207,7 +219,7 @@ def enter(self: Any, a: Any = _NO, b: Any = _NO, /, *rest: Any, **kwargs: Any) -
         obj._scoped = False
         return obj
     args: tuple[Any, ...] = (a, b) if b is not _NO else (a,) if a is not _NO else ()
-    hit = self._lane.call(args)
+    hit = self._lane.call(args, self.fn)
     if hit is not MISS:
         return hit
     return self._general(args, {})
@@ -220,7 +232,7 @@ def _other(self: Any, a: Any, b: Any, rest: tuple[Any, ...], kwargs: dict[str, A
     if a is _NO:
         args = ()
     if not kwargs:
-        hit = self._lane.call(args)
+        hit = self._lane.call(args, self.fn)
         if hit is not MISS:
             return hit
     return self._general(args, kwargs)
@@ -245,9 +257,10 @@ class PlainLane:
             self.last = (key, route)
         return route
 
-    def call(self, args: tuple[Any, ...]) -> Any:
+    def call(self, args: tuple[Any, ...], fn: Any) -> Any:
         """The call's result, or :data:`MISS` (take the general path). (A signature's
-        inline run is :func:`enter`'s: a call that reaches here the program runs.)"""
+        inline run is :func:`enter`'s: a call that reaches here the program runs.)
+        ``fn`` is the compiled function's Python function (the root of its guards)."""
         types = self.types
         n = len(args)
         if n == 2:  # the common cases, unrolled
@@ -270,6 +283,8 @@ class PlainLane:
                 return MISS
             if ra.storage.buf is None or rb.storage.buf is None:
                 return MISS
+            if route.caps is not None and route.caps.resolve(fn, ()) is None:
+                return MISS
             return self.run(route, [ra, rb], ctx)
         if n == 1:
             a = args[0]
@@ -287,6 +302,8 @@ class PlainLane:
             if route is None or (TRACING[0] and _local.tracer is not None):
                 return MISS
             if ra.storage.buf is None:
+                return MISS
+            if route.caps is not None and route.caps.resolve(fn, ()) is None:
                 return MISS
             return self.run(route, [ra], ctx)
         key: list[Any] = [not NO_GRAD_OPEN[0] or _grad.depth == 0]
@@ -319,6 +336,8 @@ class PlainLane:
             key += (t, raw.shape, raw.strides)
         route = self.table.get(tuple(key))
         if route is None or (TRACING[0] and _local.tracer is not None):
+            return MISS
+        if route.caps is not None and route.caps.resolve(fn, ()) is None:
             return MISS
         return self.run(route, raws, ctx)
 
@@ -355,7 +374,7 @@ class PlainLane:
             storages.append(raw.storage)
             key += (type(a), raw.shape, raw.strides)
         caps = entry.caps
-        if caps.slots or caps.guards or entry.made_ctx or entry.arg_writes or entry.consumed \
+        if caps.slots or entry.made_ctx or entry.arg_writes or entry.consumed \
                 or entry.prologues or entry.clears or entry.grad_targets \
                 or any(entry.out_rg) or entry.grad_presence or entry.diff:
             return
@@ -368,7 +387,7 @@ class PlainLane:
             self.last = ((), None)
         self.types.update(type(a) for a in args)
         self.table[tuple(key)] = _Route(entry.program, list(entry.out_types), entry.structure,
-                                        rebuild)
+                                        rebuild, caps if caps.guards else None)
 
 
 def _kernel(one: Any) -> _Kernel:

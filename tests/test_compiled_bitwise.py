@@ -172,6 +172,22 @@ def _lane_sum_axis1(v: np.ndarray, mul: bool = False) -> np.ndarray:
     return lanes[0]
 
 
+@pytest.mark.parametrize("shape", [(2, 40, 200), (1, 40, 1100), (1, 600, 48)])
+def test_middle_axis_lane_tree_forms(ctx: F.ExecContext, shape: tuple[int, ...]) -> None:
+    # The swapped kernel's lane rows: a lane whose first group is one step (n = 40: 8
+    # lanes of 2 steps, 24 of 1), all 32 rows summed in registers (rows of 200 or 48
+    # outputs) or row by row (rows of 1100, past the register form's 512).
+    from fucina.ir.program import PARALLEL_MIN
+    assert np.prod(shape) < PARALLEL_MIN
+    v = np.random.default_rng(shape[2]).standard_normal(shape).astype(np.float32)
+    x = F.Tensor("a", "b", "c").from_slice(ctx, shape, v)
+    want = _lane_sum_axis1(v)
+    np.testing.assert_array_equal(x.sum("b").numpy(), want)
+    np.testing.assert_array_equal(F.compile(lambda a: a.mul(a).sum("b"))(x).numpy(),
+                                  _lane_sum_axis1(v * v))
+    np.testing.assert_allclose(want, v.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("n", [7, 100, 600])
 def test_middle_axis_reductions_follow_the_lane_order(ctx: F.ExecContext, n: int) -> None:
     # A sum over a middle axis is the swapped kernel, which adds each lane's steps in

@@ -284,6 +284,47 @@ def test_plain_lane_skips_programs_with_captures(ctx):
         np.testing.assert_allclose(s.numpy(), x.sum(), rtol=1e-5)
 
 
+_TAG = "d"
+_SCALE = 2.0
+
+
+def test_plain_lane_checks_guards_on_every_call(ctx):
+    # A program that read Python values (a global tag and scale, a closure's function
+    # name) runs in the lane, with every guard re-read per call: a changed value
+    # retraces, a restored one runs the first trace again, never a stale value.
+    global _TAG, _SCALE
+    x, y = arr(3, 4), arr(3, 4)
+    P = F.Tensor("b", "d")
+    a, b = P.from_numpy(ctx, x), P.from_numpy(ctx, y)
+    name = "sum"
+    one = F.compile(lambda p: getattr(p, name)(_TAG))
+    two = F.compile(lambda p, q: p.add(q).scale(_SCALE))
+    dot = F.compile(lambda p, q: p.dot(q, _TAG))
+    try:
+        for _ in range(3):
+            np.testing.assert_allclose(one(a).numpy(), x.sum(1), rtol=1e-6)
+            np.testing.assert_array_equal(two(a, b).numpy(), (x + y) * np.float32(2))
+            np.testing.assert_allclose(dot(a, b).numpy(), (x * y).sum(1), rtol=1e-5)
+        for f in (one, two, dot):
+            (route,) = f._lane.table.values()
+            assert route.caps is not None and route.caps.guards >= 1
+        assert one._lane.table[one._lane.last[0]].kernel is not None  # the inline run
+        _TAG, _SCALE, name = "b", 3.0, "max"
+        r = one(a)
+        assert type(r).axis_tags == ("d",)
+        np.testing.assert_array_equal(r.numpy(), x.max(0))
+        np.testing.assert_array_equal(two(a, b).numpy(), (x + y) * np.float32(3))
+        np.testing.assert_allclose(dot(a, b).numpy(), (x * y).sum(0), rtol=1e-5)
+        _TAG, _SCALE, name = "d", 2.0, "sum"
+        np.testing.assert_allclose(one(a).numpy(), x.sum(1), rtol=1e-6)
+        np.testing.assert_array_equal(two(a, b).numpy(), (x + y) * np.float32(2))
+        _TAG = 5  # a bad tag now: the same error as eager
+        with pytest.raises(F.TagError):
+            one(a)
+    finally:
+        _TAG, _SCALE = "d", 2.0
+
+
 def _error(fn):
     try:
         fn()

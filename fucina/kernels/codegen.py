@@ -190,6 +190,11 @@ SWAP_BYTES = 8192
 SWAP_MIN, SWAP_MAX = 512, 2048
 #: Reduced steps of one lane a swapped lane reduction sums in registers (a power of 2).
 SWAP_GROUP = 8
+#: Longest lane rows whose halving tree runs in registers, output by output. Longer
+#: rows sit 8 KB or more apart and the tree's 32 loads of one output share L1 sets:
+#: on Zen 4 a sum over the leading axis of [64, 256, 256] f32 (rows of 2048) went
+#: 0.54 -> 0.74 ms in registers, while at rows of 512 the two forms ran alike.
+REGISTER_TREE_MAX = 512
 
 
 def swap_block(spec: KernelSpec) -> int:
@@ -667,7 +672,9 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
         w(d, "r0 = lj")
         w(d, f"gl = (n{nk} - 1 - lj) // {nl} + 1")  # steps of lane lj (>= 1)
 
-        def group(d: int, size: int) -> None:
+        def group(d: int, size: int, first: bool = False) -> None:
+            # ``first``: the lane's first group writes its row (the other path's first
+            # L steps assign too) instead of adding into a row filled with the identity.
             w(d, "for j in range(kl):")
             rebind(d + 1, closure, set())
             for i in range(size):
@@ -677,7 +684,10 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                 for k in reds:
                     sym, val = "*" if steps[k].fn == "prod" else "+", f"v{steps[k].arg}"
                     row = f"a{k}[np.uint64(lo_{nl} + j)]"
-                    w(d + 1, f"s{k} = {row if i == 0 else f's{k}'} {sym} {val}")
+                    if i == 0 and first:
+                        w(d + 1, f"s{k} = {val}")
+                    else:
+                        w(d + 1, f"s{k} = {row if i == 0 else f's{k}'} {sym} {val}")
                 if stored is not None and last_pass:
                     store_full(d + 1, lp)
             for k in reds:
@@ -685,19 +695,19 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             w(d, f"r0 += {size * nl}")
             w(d, f"gl -= {size}")
 
-        # The row starts at the lanes' identity (in L1 while its steps add into it) rather
-        # than each group size having a first variant that writes it: each loop costs
-        # compile time (groups of 8, 4, 2 and 1, each with a first variant, doubled it).
-        w(d, "for j in range(kl):")
-        for k in reds:
-            w(d + 1, f"a{k}[np.uint64(lo_{nl} + j)] = {_lane_names(steps[k])[0]}")
         # Groups of SWAP_GROUP steps, then pairs (a sum over a leading batch axis of 33 to
         # 64 has 2 steps per lane), then at most one step. A producer with a function call
-        # (softmax's exp) is compute bound and copied per step: single steps only.
+        # (softmax's exp) is compute bound and copied per step: single steps only. Every
+        # lane has a step, and its first group writes the row: filling the rows with the
+        # identity first cost a third of a sum over the middle axis of [64, 256, 256] f32
+        # (32 rows of 1 KB written, then read back, per block: 0.47 -> 0.35 ms, Zen 4).
         costly = calls_functions([steps[f] for f in closure])
-        for head, size in ((("while", 1),) if costly else
-                           (("while", SWAP_GROUP), ("while", 2), ("if", 1))):
-            w(d, f"{head} gl >= {size}:")
+        sizes = (1,) if costly else (SWAP_GROUP, 2, 1)
+        for i, size in enumerate(sizes):
+            w(d, f"{'if' if i == 0 else 'elif'} gl >= {size}:")
+            group(d + 1, size, first=True)
+        for size in sizes:
+            w(d, f"{'if' if size == 1 and not costly else 'while'} gl >= {size}:")
             group(d + 1, size)
 
     emit_kept(0)
@@ -753,21 +763,38 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                 if stored is not None and phase == nphases:
                     store_full(dj, loops)
         for nl in counts:
-            # The lanes' halving tree over the lane rows (row i with row i + h), a
-            # vector loop per pair; rows from m on hold the identity and are skipped.
+            # The lanes' halving tree over the lane rows (row i with row i + h). With
+            # every row in use, the whole tree of each output runs in registers (one
+            # loop, row 0 gets the result); a vector loop per pair of rows moved each
+            # level through the cache. Rows from m on were never written: their pairs
+            # are skipped, in the row by row form.
             ks = [k for k in lane_reds if LANES[steps[k].dtype] == nl]
-            w(depth, f"hh = {nl // 2}")
-            w(depth, "while hh >= 1:")
-            w(depth + 1, "for lr in range(hh):")
-            w(depth + 2, f"if lr + hh < m_{nl}:")
-            w(depth + 3, "lb = lr * kl")
-            w(depth + 3, "hb = (lr + hh) * kl")
-            w(depth + 3, "for j in range(kl):")
+            w(depth, f"if m_{nl} == {nl} and kl <= {REGISTER_TREE_MAX}:")
+            w(depth + 1, "for j in range(kl):")
             for k in ks:
                 sym = "*" if steps[k].fn == "prod" else "+"
-                w(depth + 4, f"a{k}[np.uint64(lb + j)] = a{k}[np.uint64(lb + j)] {sym} "
+                names = [f"a{k}[np.uint64({r} * kl + j)]" for r in range(nl)]
+                level = 0
+                while len(names) > 1:
+                    h = len(names) // 2
+                    for i in range(h):
+                        w(depth + 2, f"h{k}_{level}_{i} = {names[i]} {sym} {names[i + h]}")
+                    names = [f"h{k}_{level}_{i}" for i in range(h)]
+                    level += 1
+                w(depth + 2, f"a{k}[j] = {names[0]}")
+            w(depth, "else:")
+            w(depth + 1, f"hh = {nl // 2}")
+            w(depth + 1, "while hh >= 1:")
+            w(depth + 2, "for lr in range(hh):")
+            w(depth + 3, f"if lr + hh < m_{nl}:")
+            w(depth + 4, "lb = lr * kl")
+            w(depth + 4, "hb = (lr + hh) * kl")
+            w(depth + 4, "for j in range(kl):")
+            for k in ks:
+                sym = "*" if steps[k].fn == "prod" else "+"
+                w(depth + 5, f"a{k}[np.uint64(lb + j)] = a{k}[np.uint64(lb + j)] {sym} "
                              f"a{k}[np.uint64(hb + j)]")
-            w(depth + 1, "hh //= 2")
+            w(depth + 2, "hh //= 2")
         means = [k for k in reds if steps[k].fn == "mean"]
         if means:
             count = " * ".join(f"n{nk + a}" for a in range(nr))

@@ -20,8 +20,11 @@ from ..errors import InvalidDataLength, InvalidShape, UnsupportedView
 from .storage import Storage, SymbolicStorage
 
 MAX_RANK = 8
-#: Most elements a tensor may have (no allocation beyond it can succeed).
-MAX_ELEMENTS = 2**62
+#: Most elements a tensor may have (no allocation beyond it can succeed). 2**59 keeps an
+#: 8-byte buffer of that many elements (or a float64 temporary) within numpy's limit of
+#: 2**63 - 1 bytes, so a larger request is numpy's MemoryError, never its "array is too
+#: big" ValueError.
+MAX_ELEMENTS = 2**59
 
 class _Reads(threading.local):
     fn: Callable[[RawTensor], None] | None = None  # a default: no AttributeError per read
@@ -77,7 +80,7 @@ def check_shape(shape: object, rank: int | None = None) -> tuple[int, ...]:
     if not 1 <= len(out) <= MAX_RANK:
         raise InvalidShape(f"raw rank must be 1..{MAX_RANK}, got shape {tuple(out)}")
     if math.prod(out) > MAX_ELEMENTS:
-        raise InvalidShape(f"shape {tuple(out)} has more than 2**62 elements")
+        raise InvalidShape(f"shape {tuple(out)} has more than 2**59 elements")
     return tuple(out)
 
 

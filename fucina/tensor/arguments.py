@@ -42,7 +42,7 @@ def count_arg(v: Any, name: str, minimum: int = 1) -> int:
     if n < minimum:
         raise InvalidShape(bad_argument(name, v, f"an int >= {minimum}"))
     if n > MAX_ELEMENTS:
-        raise InvalidShape(bad_argument(name, v, "an int <= 2**62 (no tensor holds more)"))
+        raise InvalidShape(bad_argument(name, v, "an int <= 2**59 (no tensor holds more)"))
     return n
 
 
