@@ -217,3 +217,19 @@ def test_one_training_program_from_four_threads_equals_eager(ctx):
         raise errors[0]
     assert fast.cache_size() == 1
     assert "operands=swapped" in fast.ir(*make(0))
+
+
+def test_short_outer_loop_goes_inside_with_the_same_values(ctx):
+    # A parallel pointwise kernel over [b=4, seq, h, d] with a table broadcast over b and
+    # h: the batch loop (4 chunks for two threads) swaps with seq. Values are eager's;
+    # dropout, whose mask follows the flat element index, keeps the logical order.
+    x = F.Tensor("b", "s", "h", "d").randn(ctx, (4, 512, 8, 64), 5)
+    t = F.Tensor("s", "d").randn(ctx, (512, 64), 6)
+    fn = F.compile(lambda a: a.mul(t).add(a))
+    assert "loops [512, 4, 8, 64]" in fn.ir(x)
+    want = x.numpy() * t.numpy()[None, :, None, :] + x.numpy()
+    np.testing.assert_array_equal(fn(x).numpy(), want)
+    np.testing.assert_array_equal(fn(x).numpy(), x.mul(t).add(x).numpy())
+    drop = F.compile(lambda a: a.mul(t).dropout(0.5, 9))
+    assert "loops [4, 512, 8, 64]" in drop.ir(x)
+    np.testing.assert_array_equal(drop(x).numpy(), x.mul(t).dropout(0.5, 9).numpy())

@@ -368,6 +368,11 @@ def param_value(n: Node, value: Any) -> Any:
         return np.asarray(value).astype(dt)[()]
 
 
+#: Outer loops shorter than this (two threads' chunks) give a pointwise kernel's next,
+#: longer loop the outer place (see :func:`build`).
+SHORT_OUTER = 16
+
+
 def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -> BuiltKernel:
     """Turn group ``g`` into a kernel spec with its runtime arguments."""
     full = g.full_shape
@@ -441,6 +446,15 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
                 runs.append([a])
         runs_by_group.append(runs)
     kruns, rruns = runs_by_group
+    # A parallel kernel shares out its outer loop in chunks. When that loop is short and
+    # the next one longer (rope's batch of 4 over [b, seq, h, 2, d/2]: 4 chunks for two
+    # threads), a pointwise kernel swaps the two: only the order of the iterations
+    # changes, each output is the same expression of the same inputs. (Not with the
+    # flat element index, which follows the loop order, nor the innermost loop.)
+    if not g.raxes and not uses_index and len(kruns) >= 3:
+        n0, n1 = (math.prod(sizes[a] for a in run) for run in kruns[:2])
+        if n0 < SHORT_OUTER <= n1:
+            kruns[0], kruns[1] = kruns[1], kruns[0]
     nk, nr = len(kruns), len(rruns)
     all_runs = kruns + rruns
     loop_sizes = tuple(math.prod(sizes[a] for a in run) for run in all_runs)
