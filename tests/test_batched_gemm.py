@@ -268,14 +268,27 @@ def test_blocked_product_same_bits_in_both_orientations_and_thread_counts():
     np.testing.assert_allclose(c1, _ref(a, w.T), rtol=1e-5, atol=1e-3)
 
 
-def test_blocked_product_routing_follows_the_vector_width():
-    from fucina.kernels.microkernel import LANES
-
+def test_blocked_product_routing_follows_the_vector_width(monkeypatch):
+    # The host's own flags decide in production; here each is set, so every rule is
+    # checked on every host.
     a = np.ones((256, 256), np.float32)
     out = np.zeros((256, 256), np.float32)
-    assert bg.serves(a, a, out) == (LANES == 16 and bg.THREAD_SAFE and bg.BLAS_PINNED_NARROW)
+    monkeypatch.setattr(bg, "THREAD_SAFE", True)
+    monkeypatch.setattr(bg, "LANES", 16)
+    monkeypatch.setattr(bg, "BLAS_PINNED_NARROW", True)
+    assert bg.serves(a, a, out) and bg.routes_here((256, 256), 256, np.float32)
     assert not bg.serves(a[:, :16], a[:16], out)  # too little work: BLAS
+    wide = np.ones((512, 4096), np.float32)  # 2**25 multiply-adds, but 16 rows: BLAS
+    assert not bg.serves(np.ones((16, 512), np.float32), wide,
+                         np.zeros((16, 4096), np.float32))
+    assert bg.serves(np.ones((32, 512), np.float32), wide, np.zeros((32, 4096), np.float32))
     assert not bg.serves(a.astype(np.float64), a.astype(np.float64), out.astype(np.float64))
+    assert bg.routes_here((2, 8, 8), 8, np.float32)  # every stack goes to matmul
+    monkeypatch.setattr(bg, "BLAS_PINNED_NARROW", False)  # OpenBLAS's AVX-512 kernels
+    assert not bg.serves(a, a, out) and not bg.routes_here((256, 256), 256, np.float32)
+    monkeypatch.setattr(bg, "BLAS_PINNED_NARROW", True)
+    monkeypatch.setattr(bg, "LANES", 8)  # AVX2 tiles only match BLAS
+    assert not bg.serves(a, a, out)
 
 
 def test_large_dot_eager_equals_compiled_and_numpy():

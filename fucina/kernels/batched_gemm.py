@@ -127,6 +127,17 @@ def _product(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, arows,
                 _st(C, w, v)  # type: ignore[call-arg]
 
 
+@_jit
+def _store(C, c0, c_ms, c_ns, src, ld, M, N):
+    """``C[m, n] = src[m * ld + n]`` for an M x N block at ``c0`` of the span ``C`` (row
+    stride ``c_ms``, column stride ``c_ns``), PACK columns at a time like the packing
+    of B: a whole row at a time through a strided C thrashed L1's sets."""
+    for n0 in range(0, N, PACK):
+        for m in range(M):
+            for n in range(n0, min(n0 + PACK, N)):
+                _st(C, c0 + m * c_ms + n * c_ns, src[m * ld + n])  # type: ignore[call-arg]
+
+
 @intrinsic
 def _frozen(typingctx, arr):
     """``arr`` typed read-only: the thread-local panel then passes to :func:`_product`
@@ -192,10 +203,7 @@ def _stack(A, B, C, geo, pack_b, via_scratch, runs):
             _product(A, a_off, a_rs, a_ks, src, at, ld, dst, to, ldc, M,
                      Np if via_scratch else N, K, arows, crows, False)
             if via_scratch:
-                for n0 in range(0, N, PACK):  # blocked like the packing of B
-                    for m in range(M):
-                        for n in range(n0, min(n0 + PACK, N)):
-                            _st(C, c0 + m * c_ms + n * c_ns, out[m * Np + n])  # type: ignore[call-arg]
+                _store(C, c0, c_ms, c_ns, out, Np, M, N)
 
 
 @njit(parallel=True, cache=True, nogil=True, error_model="numpy")
@@ -259,10 +267,7 @@ def _plane(A, B, C, geo, via_scratch, runs):
                     _product(A, a_off, a_rs, a_ks, src, (n0 + q) * K + k0 * NR6, NR6, dst,
                              d0 + q, ldd, rows, NR6, kk, arows, crows, k0 > 0)
             if via_scratch:
-                for q0 in range(n0, min(n0 + cols, N), PACK):
-                    for m in range(rows):
-                        for n in range(q0, min(q0 + PACK, N)):
-                            _st(C, c0 + (m0 + m) * c_ms + n * c_ns, out[m * cols + n - n0])
+                _store(C, direct, c_ms, c_ns, out, cols, rows, min(cols, N - n0))
 
 
 def _span(x: np.ndarray, writable: bool) -> tuple[np.ndarray, int]:

@@ -490,9 +490,10 @@ def _conv_winograd(x: np.ndarray, u: np.ndarray, m: int, bias: np.ndarray | None
     xf = x.reshape(-1)
     of = out.reshape(-1)
     rows = (FUSED_GEMM_MACS - 1) // (C * Co)
-    # The planes' GEMMs on the micro-kernel where it has 16-lane tiles (BLAS here runs
-    # AVX2 kernels; conv 3x3 [8,56,56,64] -> 64 on Zen 5, two threads: 3.4-3.6 ms against
-    # 5.9 with BLAS, torch 4.0).
+    # The planes' GEMMs on the micro-kernel where it has 16-lane tiles. Conv 3x3
+    # [8,56,56,64] -> 64, two threads, Zen 5 with OpenBLAS pinned to its AVX2 kernels:
+    # 3.4-3.6 ms against 5.9 with BLAS (torch 4.0); with OpenBLAS's own AVX-512 kernels
+    # the two ran alike, so unlike the blocked 2-D GEMM this does not look at the pin.
     tiled = LANES == 16 and Co % NR6 == 0 and u.flags.c_contiguous
     if tiled:
         rows = rows // MR6 * MR6

@@ -25,6 +25,8 @@ MAX_RANK = 8
 #: 2**63 - 1 bytes, so a larger request is numpy's MemoryError, never its "array is too
 #: big" ValueError.
 MAX_ELEMENTS = 2**59
+#: :data:`MAX_ELEMENTS` as the messages that refuse a larger size write it.
+MAX_ELEMENTS_TEXT = f"2**{MAX_ELEMENTS.bit_length() - 1}"
 
 class _Reads(threading.local):
     fn: Callable[[RawTensor], None] | None = None  # a default: no AttributeError per read
@@ -80,7 +82,7 @@ def check_shape(shape: object, rank: int | None = None) -> tuple[int, ...]:
     if not 1 <= len(out) <= MAX_RANK:
         raise InvalidShape(f"raw rank must be 1..{MAX_RANK}, got shape {tuple(out)}")
     if math.prod(out) > MAX_ELEMENTS:
-        raise InvalidShape(f"shape {tuple(out)} has more than 2**59 elements")
+        raise InvalidShape(f"shape {tuple(out)} has more than {MAX_ELEMENTS_TEXT} elements")
     return tuple(out)
 
 

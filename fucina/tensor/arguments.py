@@ -20,7 +20,7 @@ import numpy as np
 
 from ..argnames import bad_argument
 from ..errors import InvalidShape
-from ..runtime.raw import MAX_ELEMENTS
+from ..runtime.raw import MAX_ELEMENTS, MAX_ELEMENTS_TEXT
 
 
 def is_int(v: object) -> bool:
@@ -42,7 +42,8 @@ def count_arg(v: Any, name: str, minimum: int = 1) -> int:
     if n < minimum:
         raise InvalidShape(bad_argument(name, v, f"an int >= {minimum}"))
     if n > MAX_ELEMENTS:
-        raise InvalidShape(bad_argument(name, v, "an int <= 2**59 (no tensor holds more)"))
+        raise InvalidShape(bad_argument(name, v,
+                                        f"an int <= {MAX_ELEMENTS_TEXT} (no tensor holds more)"))
     return n
 
 
