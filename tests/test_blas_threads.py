@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import fucina  # noqa: F401 - the import shortens the wait
 from fucina.kernels import blas_threads
@@ -69,3 +70,104 @@ def test_user_settings_are_left_alone_and_openmp_waits_passively():
     assert "omp True True ACTIVE" in r.stdout or "omp False" in r.stdout
     if "OMP_WAIT_POLICY = " in r.stderr:
         assert "OMP_WAIT_POLICY = 'ACTIVE'" in r.stderr
+
+
+# --- mid-size products on one OpenBLAS thread (blas_threads.gemm_call) ---
+
+class _Recorder:
+    """Stands in for blas_threads._ONE: counts entries and what OpenBLAS ran on."""
+
+    def __init__(self, real):
+        self.real, self.entries, self.inside = real, 0, []
+
+    def __enter__(self):
+        self.entries += 1
+        self.real.__enter__()
+        self.inside.append(_counts())
+
+    def __exit__(self, *exc):
+        self.real.__exit__(*exc)
+
+
+def _counts() -> list[int]:
+    return [get() for _, get in blas_threads.CONTROLS]
+
+
+def test_mid_size_products_run_on_one_thread_and_restore_the_count(monkeypatch):
+    rec = _Recorder(blas_threads._ONE)
+    monkeypatch.setattr(blas_threads, "_ONE", rec)
+    before = _counts()
+    mid = blas_threads.gemm_call(np.matmul, 256, 64, 64)  # 2**20 multiply-adds
+    assert blas_threads.gemm_call(np.matmul, 8, 8, 8) is np.matmul  # OpenBLAS: one thread
+    assert blas_threads.gemm_call(np.matmul, 1024, 1024, 1024) is np.matmul  # both threads
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((256, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    out = np.empty((256, 64), np.float32)
+    assert mid(a, b, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert _counts() == before  # restored after the call
+    with pytest.raises(ValueError):  # numpy's own error passes through, the count restored
+        mid(a, b, out=np.empty((3, 3), np.float32))
+    assert _counts() == before
+    if blas_threads.CONTROLS:
+        assert mid is not np.matmul
+        assert rec.entries == 2 and rec.inside == [[1] * len(before)] * 2
+    else:  # no OpenBLAS fucina can steer: the product as it is
+        assert mid is np.matmul and rec.entries == 0
+
+
+def test_overlapping_callers_restore_the_count_once():
+    one = blas_threads._OneThread(blas_threads.CONTROLS)
+    before = _counts()
+    with one:
+        with one:  # a second caller (another thread) inside the first
+            assert _counts() == [1] * len(before)
+        assert _counts() == [1] * len(before)  # the first caller is still inside
+    assert _counts() == before
+    errors = []
+
+    def work():
+        try:
+            for _ in range(200):
+                with one:
+                    assert _counts() == [1] * len(before)
+        except AssertionError as e:
+            errors.append(e)
+
+    import threading
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and _counts() == before
+
+
+def test_eager_fast_and_compiled_dot_take_the_one_thread_product(monkeypatch):
+    import fucina as F
+
+    rec = _Recorder(blas_threads._ONE)
+    monkeypatch.setattr(blas_threads, "_ONE", rec)
+    ctx = F.ExecContext()
+    rng = np.random.default_rng(2)
+    x0 = rng.standard_normal((256, 64)).astype(np.float32)
+    w0 = rng.standard_normal((64, 48)).astype(np.float32)
+    x = F.Tensor("b", "k").from_slice(ctx, x0.shape, x0)
+    w = F.Tensor("k", "n").from_slice(ctx, w0.shape, w0)
+    want = x0 @ w0
+    fn = F.compile(lambda p, q: p.dot(q, "k").scale(2.0))
+    plain = F.compile(lambda p, q: p.dot(q, "k"))
+    results = [x.dot(w, "k"), x.dot(w, "k"), fn(x, w).scale(0.5), fn(x, w).scale(0.5),
+               plain(x, w), plain(x, w)]  # eager, its fast path, a program, the plain lane
+    for r in results:
+        np.testing.assert_allclose(r.numpy(), want, rtol=1e-5, atol=1e-5)
+    for r in results[1:]:
+        np.testing.assert_array_equal(r.numpy(), results[0].numpy())
+    if blas_threads.CONTROLS:
+        assert rec.entries >= len(results)
+    small = F.Tensor("b", "k").from_slice(ctx, (8, 64), x0[:8])
+    entries = rec.entries
+    small.dot(w, "k").numpy()  # 8 x 64 x 48: OpenBLAS keeps it on one thread itself
+    assert rec.entries == entries

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..dtypes import DType
 from ..errors import InvalidDataLength
-from ..kernels import batched_gemm, gemm, reference
+from ..kernels import batched_gemm, blas_threads, gemm, reference
 from ..kernels import cache as kcache
 from ..kernels import codegen as cg
 from ..runtime.raw import RawTensor, contiguous_strides
@@ -557,7 +557,8 @@ class Program:
         kept_out = not fresh and slot >= self._n_in
         key = (i, 2)
         mine = batched_gemm.routes_here(out_shape, p.ksize, dtype)
-        matmul = batched_gemm.matmul if mine else np.matmul
+        matmul = batched_gemm.matmul if mine else blas_threads.gemm_call(
+            np.matmul, p.msize, p.nsize, p.ksize)
 
         def run(bufs: list[Any], scr: _Scratch) -> None:
             A = read_a(bufs, scr)

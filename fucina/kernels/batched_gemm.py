@@ -44,6 +44,7 @@ from numba import njit, prange, types
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
+from . import blas_threads
 from .microkernel import LANES, MR6, NR6, gemm6
 from .threads import THREAD_SAFE
 
@@ -397,7 +398,8 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
     here: the kernels trust them.
     """
     if not serves(A, B, out):
-        return np.matmul(A, B, out=out)
+        gemm = blas_threads.gemm_call(np.matmul, A.shape[-2], B.shape[-1], A.shape[-1])
+        return gemm(A, B, out=out)
     return _run(A, B, out)
 
 

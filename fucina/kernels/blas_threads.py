@@ -13,6 +13,10 @@ restarts the idle workers (``blas_thread_shutdown_``; the next call starts them
 again with the new wait). A user's own ``OPENBLAS_THREAD_TIMEOUT`` is left
 alone, and so is every other BLAS (MKL, Accelerate, OpenMP builds of OpenBLAS
 that export none of these functions).
+
+It also runs mid-size products on one OpenBLAS thread (:func:`gemm_call`): OpenBLAS
+splits any product above 2**19 multiply-adds over every thread, and on a busy
+machine each such call waits for its second thread to get a core.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -83,3 +90,101 @@ def shorten_thread_wait(timeout: int = THREAD_TIMEOUT) -> list[str]:
 
 #: The OpenBLAS libraries whose idle wait fucina shortened at import.
 SHORTENED = shorten_thread_wait()
+
+
+#: Products of at most this many multiply-adds (per matrix) run on one OpenBLAS
+#: thread. Measured (docs/BENCHMARKS.md, stop 23): with a second process spinning
+#: on one of two cores, the spirals step's [256, 64] x [64, 64] products took
+#: 1.6-2.4 ms a step split over two threads against 0.30-0.46 on one; quiet, the
+#: step ran alike either way (the second thread's spin after each product takes
+#: the core the next kernel wants).
+ONE_THREAD_WORK = 2**22
+
+#: OpenBLAS itself keeps products of at most this much work on one thread
+#: (its SMP_THRESHOLD_MIN x GEMM_MULTITHREAD_THRESHOLD), so they need no limit.
+_OPENBLAS_ONE_THREAD = 2**19
+
+_NAMES = (("openblas_set_num_threads", "openblas_get_num_threads"),
+          ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+          ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
+          ("openblas_set_num_threads64_", "openblas_get_num_threads64_"))
+
+
+def _thread_controls() -> list[tuple[Any, Any]]:
+    """(set, get) of the thread count of every loaded OpenBLAS that exports them."""
+    found = []
+    for path in _loaded_openblas():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for set_name, get_name in _NAMES:
+            setter, getter = getattr(lib, set_name, None), getattr(lib, get_name, None)
+            if setter is not None and getter is not None:
+                setter.argtypes, setter.restype = [ctypes.c_int], None
+                getter.argtypes, getter.restype = [], ctypes.c_int
+                found.append((setter, getter))
+                break
+    return found
+
+
+class _OneThread:
+    """While any thread is inside, every controlled OpenBLAS runs on one thread.
+
+    OpenBLAS's count is process-wide: a depth count under a lock sets it on the first
+    entry and restores what it was on the last exit, so overlapping callers on
+    several Python threads never leave it at one. (A product that another thread
+    starts meanwhile runs on one thread too: slower, never different, since OpenBLAS
+    splits rows and columns among threads, not the sum.)
+    """
+
+    def __init__(self, controls: list[tuple[Any, Any]]) -> None:
+        self._controls = controls
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved: list[int] = []
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._saved = [get() for _, get in self._controls]
+                for setter, _ in self._controls:
+                    setter(1)
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                for (setter, _), count in zip(self._controls, self._saved):
+                    setter(count)
+
+
+#: The (set, get) thread-count functions of the loaded OpenBLAS libraries.
+CONTROLS = _thread_controls()
+_ONE = _OneThread(CONTROLS)
+_NARROWED: dict[Any, Callable[..., Any]] = {}
+
+
+def one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a BLAS product such as ``np.matmul``) made to run on one OpenBLAS
+    thread; ``fn`` itself when no loaded OpenBLAS lets fucina set its thread count."""
+    if not CONTROLS:
+        return fn
+    narrowed = _NARROWED.get(fn)
+    if narrowed is None:
+        def narrowed(*args: Any, **kwargs: Any) -> Any:
+            with _ONE:
+                return fn(*args, **kwargs)
+        narrowed.__name__ = f"one_thread_{getattr(fn, '__name__', 'gemm')}"
+        _NARROWED[fn] = narrowed
+    return narrowed
+
+
+def gemm_call(fn: Callable[..., Any], m: int, n: int, k: int) -> Callable[..., Any]:
+    """The BLAS product ``fn`` for matrices ``[m, k] x [k, n]``: run on one OpenBLAS
+    thread when OpenBLAS would split it yet it has at most :data:`ONE_THREAD_WORK`
+    multiply-adds, else ``fn`` as it is."""
+    if _OPENBLAS_ONE_THREAD < m * n * k <= ONE_THREAD_WORK:
+        return one_thread(fn)
+    return fn

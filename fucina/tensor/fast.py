@@ -26,7 +26,7 @@ import numpy as np
 from ..ir.eager import Plan, lookup
 from ..ir.execute import TRACING, _local
 from ..ir.graph import Node
-from ..kernels import batched_gemm
+from ..kernels import batched_gemm, blas_threads
 from ..runtime.context import SCOPES_OPEN
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
@@ -326,9 +326,10 @@ def _gemm_call(sides: tuple[_Matrix, _Matrix], out_shape: tuple[int, ...],
     a, b = sides
     if batched_gemm.routes_here(out_shape, a.shape[-1], dtype):
         return batched_gemm.matmul
+    m, n, k = out_shape[-2], out_shape[-1], a.shape[-1]
     if len(out_shape) == 2 and min(a.shape + b.shape) > 1 and a.blas and b.blas:
-        return np.dot
-    return np.matmul
+        return blas_threads.gemm_call(np.dot, m, n, k)
+    return blas_threads.gemm_call(np.matmul, m, n, k)
 
 
 def dot(self: Any, other: Any, contract: Any) -> Any:
