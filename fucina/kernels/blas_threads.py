@@ -32,10 +32,14 @@ from typing import Any
 import numpy as np
 
 #: log2 of the cycles an idle OpenBLAS worker spins before it sleeps (OpenBLAS
-#: clamps it to 4..30; its own default is 28). 2**22 cycles is about 1-2 ms:
-#: back-to-back calls still find the workers awake, a kernel between two GEMMs
-#: does not have to share its cores with them for long.
-THREAD_TIMEOUT = 22
+#: clamps it to 4..30; its own default is 28). 2**16 cycles is some 20 us:
+#: back-to-back products still find the workers awake (measured alike to 2**22),
+#: while the kernels between two products get both cores. Measured on a Zen 4
+#: (docs/BENCHMARKS.md, stop 23) with a second process spinning on one core:
+#: 2**22 let the spinning worker take the core fucina's next kernel wanted (the
+#: 784-512-10 SGD step 6.9-8.5 ms, the encoder block 47-58 ms; 2**16: 6.2-6.7 and
+#: 42-48); quiet, no difference.
+THREAD_TIMEOUT = 16
 
 _ENV = "OPENBLAS_THREAD_TIMEOUT"
 
@@ -111,9 +115,13 @@ _NAMES = (("openblas_set_num_threads", "openblas_get_num_threads"),
 
 
 def _thread_controls() -> list[tuple[Any, Any]]:
-    """(set, get) of the thread count of every loaded OpenBLAS that exports them."""
+    """(set, get) of the thread count of numpy's OpenBLAS (the wheel's own copy, or
+    every loaded OpenBLAS when numpy brought none), where it exports them."""
+    paths = _loaded_openblas()
+    base = Path(np.__file__).parent
+    own = {os.path.realpath(d) for d in (base.parent / "numpy.libs", base / ".dylibs")}
     found = []
-    for path in _loaded_openblas():
+    for path in [p for p in paths if os.path.dirname(p) in own] or paths:
         try:
             lib = ctypes.CDLL(path)
         except OSError:
