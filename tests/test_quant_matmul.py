@@ -322,3 +322,24 @@ def test_int8_activation_quantizer_matches_the_numpy_formula() -> None:
     np.testing.assert_array_equal(xq, q.reshape(-1))
     np.testing.assert_array_equal(got_dx, dx)
     np.testing.assert_array_equal(xsum, q.sum(axis=2, dtype=np.int32))
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
+def test_gemm_panels_cover_every_row(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Several decoded panels and a short last one (24 rows in panels of 7: 7, 7, 7, 3):
+    # every output column and every gradient row comes from the right weight rows.
+    monkeypatch.setattr(Q, "PANEL_ROWS", 7)
+    monkeypatch.setattr(Q, "PANEL_BYTES", 4 * K * 5)  # 5 rows of f32: below PANEL_ROWS
+    assert Q._panel_rows(K, N) == 7
+    blocks = G.encode_f32(fmt, W_F32)
+    wd = _gguf_dequant(blocks, fmt).astype(np.float64)
+    x = RNG.standard_normal((9, K)).astype(np.float32)  # above GEMV_ROWS_MAX: panels
+    g = RNG.standard_normal((9, N)).astype(np.float32)
+    np.testing.assert_allclose(Q.qmatmul(x, blocks, fmt), x.astype(np.float64) @ wd.T,
+                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(Q.qmatmul_t(g, blocks, fmt, K), g.astype(np.float64) @ wd,
+                               rtol=1e-4, atol=1e-3)
+    monkeypatch.setattr(Q, "PANEL_BYTES", 4 * K * 10)
+    assert Q._panel_rows(K, N) == 10  # more rows while they fit in PANEL_BYTES
+    monkeypatch.setattr(Q, "PANEL_ROWS", 384)
+    assert Q._panel_rows(K, N) == N  # one panel when the weight has fewer rows

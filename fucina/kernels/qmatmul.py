@@ -52,7 +52,13 @@ GEMV_ROWS_MAX = 4
 #: the formats that have integer kernels; False keeps the exact-f32 kernels everywhere.
 INT8_ACTIVATIONS = True
 
-#: Target f32 bytes of one decoded weight panel (the GEMM path's scratch).
+#: Weight rows decoded per panel on the GEMM path (the product's N per BLAS call): at
+#: least PANEL_ROWS, more while the panel stays within PANEL_BYTES of f32. A bytes-only
+#: rule gave a k = 11008 weight 47-row panels, and BLAS on [32, k] x [k, 47] pieces ran
+#: [32 x 11008] x [11008 x 4096] in 91 ms against numpy's 32; with 256-512 rows every
+#: measured shape ran within noise of numpy's f32 GEMM, and a small k (576) keeps its
+#: larger panels, which its short BLAS calls need (docs/BENCHMARKS.md, stop 23).
+PANEL_ROWS = 384
 PANEL_BYTES = 2 << 20
 
 
@@ -632,7 +638,8 @@ def decode_panel(w: np.ndarray, fmt: str, r0: int, out: np.ndarray) -> None:
 
 
 def _panel_rows(k: int, n: int) -> int:
-    return int(max(8, min(n, PANEL_BYTES // (4 * k))))
+    """Rows per decoded panel of an ``[n, k]`` weight."""
+    return max(1, min(n, max(PANEL_ROWS, PANEL_BYTES // (4 * k))))
 
 
 def qmatmul(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
