@@ -104,8 +104,9 @@ SHORTENED = shorten_thread_wait()
 #: the core the next kernel wants).
 ONE_THREAD_WORK = 2**22
 
-#: OpenBLAS itself keeps products of at most this much work on one thread
-#: (its SMP_THRESHOLD_MIN x GEMM_MULTITHREAD_THRESHOLD), so they need no limit.
+#: OpenBLAS gives a product a second thread only when each thread gets more than
+#: SMP_THRESHOLD_MIN x GEMM_MULTITHREAD_THRESHOLD = 65536 x 4 multiply-adds, so up to
+#: this much work it runs on one thread by itself and needs no limit.
 _OPENBLAS_ONE_THREAD = 2**19
 
 _NAMES = (("openblas_set_num_threads", "openblas_get_num_threads"),
@@ -141,9 +142,10 @@ class _OneThread:
 
     OpenBLAS's count is process-wide: a depth count under a lock sets it on the first
     entry and restores what it was on the last exit, so overlapping callers on
-    several Python threads never leave it at one. (A product that another thread
-    starts meanwhile runs on one thread too: slower, never different, since OpenBLAS
-    splits rows and columns among threads, not the sum.)
+    several Python threads never leave it at one. A product that another Python
+    thread starts meanwhile runs on one thread too: slower, and for a large product
+    possibly different in its last bits (a 1000^3 product rounded differently on one
+    thread; the products this section is for measured bit-identical).
     """
 
     def __init__(self, controls: list[tuple[Any, Any]]) -> None:
