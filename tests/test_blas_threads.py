@@ -171,3 +171,20 @@ def test_eager_fast_and_compiled_dot_take_the_one_thread_product(monkeypatch):
     entries = rec.entries
     small.dot(w, "k").numpy()  # 8 x 64 x 48: OpenBLAS keeps it on one thread itself
     assert rec.entries == entries
+
+
+def test_a_fork_inside_the_section_leaves_the_child_a_free_section(monkeypatch):
+    # What os.register_at_fork runs in a child forked while another thread of the
+    # parent was inside: the saved counts come back and a new section starts unheld.
+    before = _counts()
+    section = blas_threads._OneThread(blas_threads.CONTROLS)
+    monkeypatch.setattr(blas_threads, "_ONE", section)
+    section.__enter__()
+    assert _counts() == [1] * len(before)
+    blas_threads._after_fork()
+    assert _counts() == before
+    fresh = blas_threads._ONE
+    assert fresh is not section and fresh._depth == 0 and not fresh._lock.locked()
+    with fresh:
+        assert _counts() == [1] * len(before)
+    assert _counts() == before

@@ -176,6 +176,22 @@ _ONE = _OneThread(CONTROLS)
 _NARROWED: dict[Any, Callable[..., Any]] = {}
 
 
+def _after_fork() -> None:
+    """In a forked child: a fresh section (another thread of the parent may have held
+    the lock, and no thread of the parent is inside any more), and the saved counts
+    back if the fork came while one was inside."""
+    global _ONE
+    old = _ONE
+    if old._depth:
+        for (setter, _), count in zip(old._controls, old._saved):
+            setter(count)
+    _ONE = _OneThread(CONTROLS)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` (a BLAS product such as ``np.matmul``) made to run on one OpenBLAS
     thread; ``fn`` itself when no loaded OpenBLAS lets fucina set its thread count."""
