@@ -7,11 +7,12 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
-import fucina  # noqa: F401 - the import shortens the wait
+import fucina as F  # the import also shortens the wait
 from fucina.kernels import blas_threads
 
 
@@ -136,7 +137,6 @@ def test_overlapping_callers_restore_the_count_once():
         except AssertionError as e:
             errors.append(e)
 
-    import threading
     threads = [threading.Thread(target=work) for _ in range(4)]
     for t in threads:
         t.start()
@@ -146,8 +146,6 @@ def test_overlapping_callers_restore_the_count_once():
 
 
 def test_eager_fast_and_compiled_dot_take_the_one_thread_product(monkeypatch):
-    import fucina as F
-
     rec = _Recorder(blas_threads._ONE)
     monkeypatch.setattr(blas_threads, "_ONE", rec)
     ctx = F.ExecContext()
