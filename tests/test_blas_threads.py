@@ -100,6 +100,11 @@ def test_mid_size_products_run_on_one_thread_and_restore_the_count(monkeypatch):
     before = _counts()
     mid = blas_threads.gemm_call(np.matmul, 256, 64, 64)  # 2**20 multiply-adds
     assert blas_threads.gemm_call(np.matmul, 8, 8, 8) is np.matmul  # OpenBLAS: one thread
+    assert blas_threads.gemm_call(np.dot, 2**9, 2**5, 2**5) is np.dot  # 2**19: still one
+    wrapped = blas_threads.gemm_call(np.dot, 2**9, 2**5, 2**5 + 1)  # just above: split
+    assert wrapped is blas_threads.gemm_call(np.dot, 2**10, 2**6, 2**6)  # 2**22: the last
+    assert blas_threads.gemm_call(np.dot, 2**10, 2**6, 2**6 + 1) is np.dot  # both threads
+    assert (wrapped is not np.dot) == bool(blas_threads.CONTROLS)
     assert blas_threads.gemm_call(np.matmul, 1024, 1024, 1024) is np.matmul  # both threads
     rng = np.random.default_rng(1)
     a = rng.standard_normal((256, 64)).astype(np.float32)
