@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import fucina as F  # the import also shortens the wait
+import fucina.gguf as G
 from fucina.kernels import blas_threads
+from fucina.kernels import qmatmul as Q
 
 
 def _timeouts() -> list[int]:
@@ -162,18 +164,50 @@ def test_eager_fast_and_compiled_dot_take_the_one_thread_product(monkeypatch):
     want = x0 @ w0
     fn = F.compile(lambda p, q: p.dot(q, "k").scale(2.0))
     plain = F.compile(lambda p, q: p.dot(q, "k"))
-    results = [x.dot(w, "k"), x.dot(w, "k"), fn(x, w).scale(0.5), fn(x, w).scale(0.5),
-               plain(x, w), plain(x, w)]  # eager, its fast path, a program, the plain lane
-    for r in results:
-        np.testing.assert_allclose(r.numpy(), want, rtol=1e-5, atol=1e-5)
-    for r in results[1:]:
-        np.testing.assert_array_equal(r.numpy(), results[0].numpy())
-    if blas_threads.CONTROLS:
-        assert rec.entries >= len(results)
+    calls = {"eager (its fast path after the first call)": lambda: x.dot(w, "k").numpy(),
+             "a program": lambda: fn(x, w).numpy() / np.float32(2),
+             "the plain lane's one product": lambda: plain(x, w).numpy()}
+    first = {name: call() for name, call in calls.items()}  # learns, traces
+    per_call = 1 if blas_threads.CONTROLS else 0
+    for name, call in calls.items():
+        entries = rec.entries
+        got = call()
+        assert rec.entries - entries == per_call, name  # this call's product, once
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got, first[name])
+        np.testing.assert_array_equal(got, first["eager (its fast path after the first call)"])
     small = F.Tensor("b", "k").from_slice(ctx, (8, 64), x0[:8])
     entries = rec.entries
     small.dot(w, "k").numpy()  # 8 x 64 x 48: OpenBLAS keeps it on one thread itself
     assert rec.entries == entries
+
+
+def test_products_planned_as_kernels_run_take_it_too(monkeypatch):
+    # blas_threads.matmul: the per-call form for products a kernel plans as it runs (the
+    # quantized GEMM's panels, conv tiles, the stacked GEMM's BLAS fallback).
+    rec = _Recorder(blas_threads._ONE)
+    monkeypatch.setattr(blas_threads, "_ONE", rec)
+    per_call = 1 if blas_threads.CONTROLS else 0
+    rng = np.random.default_rng(3)
+    wf = (rng.standard_normal((512, 512)) * 0.05).astype(np.float32)
+    blocks = G.encode_f32("q8_0", wf)
+    x = rng.standard_normal((8, 512)).astype(np.float32)  # 8 rows: panels + BLAS
+    want = x.astype(np.float64) @ G.decode_f32("q8_0", blocks).astype(np.float64).T
+    entries = rec.entries
+    got = Q.qmatmul(x, blocks, "q8_0")  # one 512-row panel: 8 x 512 x 512, 2**21
+    assert rec.entries - entries == per_call
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    a, b = rng.standard_normal((2, 256, 64), dtype=np.float32), \
+        rng.standard_normal((2, 64, 64), dtype=np.float32)
+    out = np.empty((2, 256, 64), np.float32)
+    entries = rec.entries
+    assert blas_threads.matmul(a, b, out) is out  # per matrix 2**20
+    assert rec.entries - entries == per_call
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-6, atol=1e-5)
+    entries = rec.entries
+    np.testing.assert_allclose(blas_threads.matmul(a[:, :8], b), np.matmul(a[:, :8], b),
+                               rtol=1e-6, atol=1e-5)
+    assert rec.entries == entries  # 8 x 64 x 64: OpenBLAS's own one thread
 
 
 def test_a_fork_inside_the_section_leaves_the_child_a_free_section(monkeypatch):

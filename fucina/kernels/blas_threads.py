@@ -66,17 +66,19 @@ def _loaded_openblas() -> list[str]:
     return list(found)
 
 
-def shorten_thread_wait(timeout: int = THREAD_TIMEOUT) -> list[str]:
+def shorten_thread_wait(timeout: int = THREAD_TIMEOUT,
+                        paths: list[str] | None = None) -> list[str]:
     """Make the loaded OpenBLAS libraries' idle workers sleep after ``2**timeout``
     cycles; returns the libraries changed (none when the user set the variable).
 
     Call it only while no BLAS call runs on another thread (fucina does, once,
-    at import): the workers are stopped and restarted.
+    at import): the workers are stopped and restarted. ``paths``: the libraries
+    (default: those loaded now, :func:`_loaded_openblas`).
     """
     if _ENV in os.environ:
         return []
     changed = []
-    for path in _loaded_openblas():
+    for path in _loaded_openblas() if paths is None else paths:
         try:
             lib = ctypes.CDLL(path)
             read_env, shutdown = lib.openblas_read_env, lib.blas_thread_shutdown_
@@ -92,16 +94,18 @@ def shorten_thread_wait(timeout: int = THREAD_TIMEOUT) -> list[str]:
     return changed
 
 
+#: The OpenBLAS libraries loaded when fucina was imported (read once).
+_LOADED = _loaded_openblas()
 #: The OpenBLAS libraries whose idle wait fucina shortened at import.
-SHORTENED = shorten_thread_wait()
+SHORTENED = shorten_thread_wait(paths=_LOADED)
 
 
 #: Products of at most this many multiply-adds (per matrix) run on one OpenBLAS
-#: thread. Measured (docs/BENCHMARKS.md, stop 23): with a second process spinning
-#: on one of two cores, the spirals step's [256, 64] x [64, 64] products took
-#: 1.6-2.4 ms a step split over two threads against 0.30-0.46 on one; quiet, the
-#: step ran alike either way (the second thread's spin after each product takes
-#: the core the next kernel wants).
+#: thread. Measured (docs/BENCHMARKS.md, stop 23; 2-core Zen 4, OpenBLAS-SkylakeX):
+#: with a second process spinning on one core, the compiled spirals step (its
+#: products [256, 64] x [64, 64]) averaged 0.75-7.4 ms split over two threads
+#: against 0.34-0.57 on one; quiet, 0.32-0.40 against 0.34-0.41 (the second
+#: thread's spin after each product takes the core the next kernel wants).
 ONE_THREAD_WORK = 2**22
 
 #: OpenBLAS gives a product a second thread only when each thread gets more than
@@ -115,10 +119,9 @@ _NAMES = (("openblas_set_num_threads", "openblas_get_num_threads"),
           ("openblas_set_num_threads64_", "openblas_get_num_threads64_"))
 
 
-def _thread_controls() -> list[tuple[Any, Any]]:
-    """(set, get) of the thread count of numpy's OpenBLAS (the wheel's own copy, or
-    every loaded OpenBLAS when numpy brought none), where it exports them."""
-    paths = _loaded_openblas()
+def _thread_controls(paths: list[str]) -> list[tuple[Any, Any]]:
+    """(set, get) of the thread count of numpy's OpenBLAS among ``paths`` (the wheel's
+    own copy, or every one of them when numpy brought none), where it exports them."""
     base = Path(np.__file__).parent
     own = {os.path.realpath(d) for d in (base.parent / "numpy.libs", base / ".dylibs")}
     found = []
@@ -171,7 +174,7 @@ class _OneThread:
 
 
 #: The (set, get) thread-count functions of the loaded OpenBLAS libraries.
-CONTROLS = _thread_controls()
+CONTROLS = _thread_controls(_LOADED)
 _ONE = _OneThread(CONTROLS)
 _NARROWED: dict[Any, Callable[..., Any]] = {}
 
@@ -214,3 +217,11 @@ def gemm_call(fn: Callable[..., Any], m: int, n: int, k: int) -> Callable[..., A
     if _OPENBLAS_ONE_THREAD < m * n * k <= ONE_THREAD_WORK:
         return one_thread(fn)
     return fn
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``np.matmul(a, b, out=out)`` for matrices or stacks, on one OpenBLAS thread where
+    :func:`gemm_call` says so: for the products a kernel plans as it runs (panels,
+    tiles, fallbacks); a planned route picks its call once with :func:`gemm_call`."""
+    gemm = gemm_call(np.matmul, a.shape[-2], b.shape[-1], a.shape[-1])
+    return gemm(a, b) if out is None else gemm(a, b, out=out)

@@ -35,6 +35,7 @@ from numba import njit, prange
 from ..dtypes import DType
 from ..errors import ShapeMismatch
 from ..runtime.storage import POOL
+from . import blas_threads
 from .microkernel import LANES, MR6, NR6, gemm6
 from .reference import kernel
 
@@ -218,7 +219,7 @@ def _conv_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Windo
     wt = w.reshape(Co, K).T  # [K, Co]: BLAS reads the transpose without a copy
     o2 = out.reshape(P, Co)
     if kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
-        np.matmul(x.reshape(P, C), wt, out=o2)  # a 1x1 conv is one plain GEMM
+        blas_threads.matmul(x.reshape(P, C), wt, o2)  # a 1x1 conv is one plain GEMM
         _epilogue(o2, bias, relu)
         return
     tile = _tile_rows(K, P)
@@ -228,7 +229,7 @@ def _conv_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Windo
         p1 = min(P, p0 + tile)
         _im2col(xf, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, p0, p1, col)
         o = o2[p0:p1]
-        np.matmul(col[:(p1 - p0) * K].reshape(p1 - p0, K), wt, out=o)
+        blas_threads.matmul(col[:(p1 - p0) * K].reshape(p1 - p0, K), wt, o)
         _epilogue(o, bias, relu)
     POOL.give(col)
 
@@ -520,8 +521,8 @@ def _conv_winograd(x: np.ndarray, u: np.ndarray, m: int, bias: np.ndarray | None
         if not math.isfinite(_wino_in(xf, H, W, C, ph, pw, tH, tW, t0, t1, m, bt, V)):
             finite = False
             break
-        np.matmul(V[:n * n * k * C].reshape(n * n, k, C), u,
-                  out=M[:n * n * k * Co].reshape(n * n, k, Co))
+        blas_threads.matmul(V[:n * n * k * C].reshape(n * n, k, C), u,
+                            M[:n * n * k * Co].reshape(n * n, k, Co))
         _wino_out(M, bvec, bias is not None, relu, oH, oW, Co, tH, tW, t0, t1, m, at, of)
     POOL.give(V)
     POOL.give(M)
@@ -756,7 +757,7 @@ def conv2d_grad_input(g: np.ndarray, w: np.ndarray, in_shape: tuple[int, ...], w
     per = max(1, min(B, 2 * TILE_BYTES // max(1, 4 * oH * oW * K)))
     for b0 in range(0, B, per):
         b1 = min(B, b0 + per)
-        dcol = np.matmul(g[b0:b1].reshape(-1, Co), wm)
+        dcol = blas_threads.matmul(g[b0:b1].reshape(-1, Co), wm)
         _col2im(dcol.reshape(-1), b1 - b0, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw,
                 oH, oW, dx[b0 * H * W * C:b1 * H * W * C])
     return dx.reshape(in_shape)
@@ -784,7 +785,7 @@ def conv2d_grad_weight(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], w
     K = kh * kw * C
     g2 = g.reshape(P, Co)
     if kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
-        return np.matmul(g2.T, x.reshape(P, C)).reshape(w_shape)
+        return blas_threads.matmul(g2.T, x.reshape(P, C)).reshape(w_shape)
     tile = _tile_rows(K, P)
     col = _scratch(tile * K)
     acc = np.zeros((Co, K), np.float32)
@@ -793,7 +794,7 @@ def conv2d_grad_weight(x: np.ndarray, g: np.ndarray, w_shape: tuple[int, ...], w
     for p0 in range(0, P, tile):
         p1 = min(P, p0 + tile)
         _im2col(xf, H, W, C, 0, C, kh, kw, sh, sw, ph, pw, dh, dw, oH, oW, p0, p1, col)
-        np.matmul(g2[p0:p1].T, col[:(p1 - p0) * K].reshape(p1 - p0, K), out=part)
+        blas_threads.matmul(g2[p0:p1].T, col[:(p1 - p0) * K].reshape(p1 - p0, K), part)
         acc += part
     POOL.give(col)
     return acc.reshape(w_shape)

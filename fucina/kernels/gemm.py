@@ -233,7 +233,7 @@ def contract(a: np.ndarray, b: np.ndarray, la: tuple[int, ...], lb: tuple[int, .
     if A.dtype == np.float32 and batched_gemm.routes_here(shape, p.ksize, A.dtype):
         C = batched_gemm.matmul(A, B, np.empty(shape, A.dtype))  # maybe fucina's kernels
     else:
-        C = blas_threads.gemm_call(np.matmul, p.msize, p.nsize, p.ksize)(A, B)
+        C = blas_threads.matmul(A, B)
     C = C.reshape(tuple(sizes[x] for x in canon) or ())
     if p.out_perm is not None:
         C = C.transpose(p.out_perm)

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..blocks import BLOCK_DTYPES
-from . import qdot_avx2
+from . import blas_threads, qdot_avx2
 from .quant import dequantize
 
 __all__ = ["FUSED_FORMATS", "PackedRhs", "decode_panel", "gemv_rows_max", "qmatmul", "qmatmul_t",
@@ -55,7 +55,8 @@ INT8_ACTIVATIONS = True
 #: Weight rows decoded per panel on the GEMM path (the product's N per BLAS call): at
 #: least PANEL_ROWS, more while the panel stays within PANEL_BYTES of f32. A bytes-only
 #: rule gave a k = 11008 weight 47-row panels, and BLAS on [32, k] x [k, 47] pieces ran
-#: [32 x 11008] x [11008 x 4096] in 91 ms against numpy's 32; with 256-512 rows every
+#: [32 x 11008] x [11008 x 4096] q4_k in 91 ms against numpy's 32 on the f32 weight
+#: (2-core Zen 4, two OpenBLAS-SkylakeX threads); with 256-512 rows every
 #: measured shape ran within noise of numpy's f32 GEMM, and a small k (576) keeps its
 #: larger panels, which its short BLAS calls need (docs/BENCHMARKS.md, stop 23).
 PANEL_ROWS = 384
@@ -663,7 +664,7 @@ def qmatmul(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
         rows = min(step, n - r0)
         p = panel[:rows]
         decode_panel(w, fmt, r0, p)
-        np.matmul(x, p.T, out=out[:, r0:r0 + rows])
+        blas_threads.matmul(x, p.T, out[:, r0:r0 + rows])
     return out
 
 
@@ -679,7 +680,7 @@ def qmatmul_t(g: np.ndarray, blocks: np.ndarray, fmt: str, k: int) -> np.ndarray
         rows = min(step, n - r0)
         p = panel[:rows]
         decode_panel(w, fmt, r0, p)
-        out += g[:, r0:r0 + rows] @ p
+        out += blas_threads.matmul(g[:, r0:r0 + rows], p)
     return out
 
 
