@@ -19,8 +19,10 @@ The micro-kernel reads ``A`` in any layout, but wants ``B`` and ``C`` with
 unit stride along ``N``. Per call one of two orientations is chosen, the one
 that moves fewer elements: ``C = A B`` as given, or ``C^T = B^T A^T`` written
 through the transposed views. A ``B`` operand that is still not unit-stride
-along ``N`` is packed per matrix into a thread-local ``[K, N]`` panel, and an
-output that is not is computed into a thread-local matrix and copied out.
+along ``N`` is packed per matrix into a thread-local panel of contiguous
+``[K, NR6]`` strips (a transposed ``B``, such as attention's keys, in blocks
+transposed in registers: :mod:`fucina.kernels.transpose`), and an output that
+is not is computed into a thread-local matrix and copied out.
 
 The kernel sees every array as a flat, contiguous, aligned float32 span of the
 memory it reaches (read-only for ``A`` and ``B``), with its offset and strides
@@ -47,6 +49,7 @@ from numba.extending import intrinsic
 from . import blas_threads
 from .microkernel import LANES, MR6, NR6, gemm6
 from .threads import THREAD_SAFE
+from .transpose import tblock
 
 #: Largest M, N or K served by the kernel: beyond it BLAS's cache blocking (packed
 #: panels of A and B) wins over per-matrix micro-kernel passes.
@@ -139,6 +142,46 @@ def _store(C, c0, c_ms, c_ns, src, ld, M, N):
                 _st(C, c0 + m * c_ms + n * c_ns, src[m * ld + n])  # type: ignore[call-arg]
 
 
+@_jit
+def _pack(B, b0, b_ks, b_ns, K, N, panel, s_lo, s_hi):
+    """Copy ``B[k, n]`` (B at ``b0`` of its span, strides ``b_ks``, ``b_ns``) for every
+    ``k < K`` and the columns ``n < N`` of strips ``s_lo <= s < s_hi`` into ``panel``,
+    where each strip of NR6 columns is a contiguous ``[K, NR6]`` block:
+    ``panel[(n // NR6) * K * NR6 + k * NR6 + n % NR6]``. Columns past N are left as
+    they are (zero in a fresh panel).
+
+    A ``B`` that is unit-stride along K (a transposed matrix: attention's keys, a
+    weight ``[out, in]``) moves in ``LANES x LANES`` blocks transposed in registers
+    (:func:`fucina.kernels.transpose.tblock`), one unit-stride along N a strip row at
+    a time, any other element by element in blocks of PACK columns (a whole column at
+    a time, at a power-of-two stride, thrashed L1's sets: half the scores product's
+    time on Zen 5)."""
+    ks = K * NR6
+    lo, hi = s_lo * NR6, min(s_hi * NR6, N)
+    if b_ns == 1:
+        for n0 in range(lo, hi, NR6):
+            base = n0 // NR6 * ks
+            w = min(NR6, hi - n0)
+            for k in range(K):
+                for c in range(w):
+                    panel[base + k * NR6 + c] = _ld(B, b0 + k * b_ks + n0 + c)  # type: ignore[call-arg]
+        return
+    k_full = K - K % LANES if b_ks == 1 else 0
+    n_full = hi - (hi - lo) % LANES if b_ks == 1 else lo
+    for n0 in range(lo, n_full, LANES):
+        for k0 in range(0, k_full, LANES):
+            tblock(B, b0 + n0 * b_ns + k0, b_ns,  # type: ignore[call-arg]
+                   panel, n0 // NR6 * ks + k0 * NR6 + n0 % NR6, NR6)
+    for n0 in range(lo, hi, PACK):  # the ragged edges, and every other layout
+        for k in range(K):
+            if k < k_full and n0 + PACK <= n_full:
+                continue
+            for n in range(n0, min(n0 + PACK, hi)):
+                if k < k_full and n < n_full:
+                    continue
+                panel[n // NR6 * ks + k * NR6 + n % NR6] = _ld(B, b0 + k * b_ks + n * b_ns)  # type: ignore[call-arg]
+
+
 @intrinsic
 def _frozen(typingctx, arr):
     """``arr`` typed read-only: the thread-local panel then passes to :func:`_product`
@@ -165,9 +208,11 @@ def _stack(A, B, C, geo, pack_b, via_scratch, runs):
     run). ``geo`` holds the stack's geometry in elements: sizes ``n1, n2, M, K, N``,
     then per array its offset in its span and its four strides (see :func:`_geometry`).
 
-    ``pack_b``: copy each B[i] into a contiguous [K, Np] panel first, Np = N rounded
-    up to NR6 (16, or 32 with AVX-512) with zero columns (required when B's N
-    stride is not 1 or N % NR6);
+    ``pack_b``: copy each B[i] into a panel of Np / NR6 contiguous [K, NR6] strips
+    first (:func:`_pack`), Np = N rounded up to NR6 (16, or 32 with AVX-512) with zero
+    columns (required when B's N stride is not 1 or N % NR6), and multiply strip by
+    strip (48 score matrices of 128 x 64 x 128 from transposed keys, Intel Xeon
+    AVX-512, one process, old against new: 1.5-1.7x on two threads, 1.25x on one);
     ``via_scratch``: compute each C[i] into a contiguous [M, Np] matrix and copy it
     out (required when C's N stride is not 1 or N % NR6); ``runs``: how many
     contiguous runs of matrices (one per thread; numba.get_num_threads() here would
@@ -176,7 +221,10 @@ def _stack(A, B, C, geo, pack_b, via_scratch, runs):
      c00, c_s1, c_s2, c_ms, c_ns) = geo
     nb = n1 * n2
     Np = (N + NR6 - 1) // NR6 * NR6
+    strips = Np // NR6
     zero = nb - nb  # an int64 zero, not a literal
+    nr6 = zero + NR6
+    fresh = zero != zero  # a bool False, not a literal
     for r in prange(runs):
         lo = r * nb // runs
         hi = (r + 1) * nb // runs
@@ -190,19 +238,18 @@ def _stack(A, B, C, geo, pack_b, via_scratch, runs):
             b0 = b00 + i1 * b_s1 + i2 * b_s2
             c0 = c00 + i1 * c_s1 + i2 * c_s2
             if pack_b:
-                # In blocks of PACK columns: the inner loop's PACK strided reads stay in
-                # as many cache lines across k (a whole column at a time, at a power-of-two
-                # stride, thrashed L1's sets: half the scores product's time on Zen 5).
-                for n0 in range(0, N, PACK):
-                    for k in range(K):
-                        for n in range(n0, min(n0 + PACK, N)):
-                            panel[k * Np + n] = _ld(B, b0 + k * b_ks + n * b_ns)  # type: ignore[call-arg]
-            # One call site with int64 offsets: a literal 0 in some calls compiled
-            # _product once per combination of literal and int64 arguments.
-            src, at, ld = (_frozen(panel), zero, Np) if pack_b else (B, b0, b_ks)  # type: ignore[call-arg]
+                _pack(B, b0, b_ks, b_ns, K, N, panel, zero, strips)
             dst, to, ldc = (out, zero, Np) if via_scratch else (C, c0, c_ms)
-            _product(A, a_off, a_rs, a_ks, src, at, ld, dst, to, ldc, M,
-                     Np if via_scratch else N, K, arows, crows, False)
+            # int64 and bool variables, never literals: a literal 0 or NR6 in a call
+            # compiled _product once per combination of literal and int64 arguments.
+            if pack_b:
+                # Strip by strip: the strip stays in L1 while A's row tiles pass.
+                for s in range(strips):
+                    _product(A, a_off, a_rs, a_ks, _frozen(panel), s * K * nr6,  # type: ignore[call-arg]
+                             nr6, dst, to + s * nr6, ldc, M, nr6, K, arows, crows, fresh)
+            else:
+                _product(A, a_off, a_rs, a_ks, B, b0, b_ks, dst, to, ldc, M,
+                         Np if via_scratch else N, K, arows, crows, fresh)
             if via_scratch:
                 _store(C, c0, c_ms, c_ns, out, Np, M, N)
 
@@ -229,26 +276,17 @@ def _plane(A, B, C, geo, via_scratch, runs):
     strips = Np // NR6
     Bp = np.empty(K * Np, dtype=np.float32)
     for r in prange(runs):
-        for j in range(r * strips // runs, (r + 1) * strips // runs):
-            base = j * K * NR6
-            if b_ns == 1:  # rows of the strip are runs of B
-                for k in range(K):
-                    for c in range(NR6):
-                        n = j * NR6 + c
-                        Bp[base + k * NR6 + c] = (_ld(B, b0 + k * b_ks + n)  # type: ignore[call-arg]
-                                                  if n < N else np.float32(0.0))
-            else:  # PACK rows at a time: each column's run of B is read whole
-                for k1 in range(0, K, PACK):
-                    for c in range(NR6):
-                        n = j * NR6 + c
-                        for k in range(k1, min(k1 + PACK, K)):
-                            Bp[base + k * NR6 + c] = (_ld(B, b0 + k * b_ks + n * b_ns)  # type: ignore[call-arg]
-                                                      if n < N else np.float32(0.0))
+        _pack(B, b0, b_ks, b_ns, K, N, Bp, r * strips // runs, (r + 1) * strips // runs)
+    last = (strips - 1) * K * NR6
+    for k in range(K):  # the last strip's columns past N
+        for c in range(NR6 - (Np - N), NR6):
+            Bp[last + k * NR6 + c] = np.float32(0.0)
     src: Any = _frozen(Bp)  # type: ignore[call-arg]  # (mypy types intrinsic calls NoReturn)
     nm = (M + PLANE_M - 1) // PLANE_M
     nn = (Np + PLANE_N - 1) // PLANE_N
     tasks = nm * nn
     zero = tasks - tasks  # an int64 zero, not a literal
+    nr6 = zero + NR6  # as in _stack: one signature of _product for both kernels
     for r in prange(runs):
         out = np.empty(PLANE_M * PLANE_N if via_scratch else 1, dtype=np.float32)
         arows = np.empty(MR6 * PLANE_K, dtype=np.float32)
@@ -265,8 +303,8 @@ def _plane(A, B, C, geo, via_scratch, runs):
                 kk = min(PLANE_K, K - k0)
                 a_off = a0 + m0 * a_rs + k0 * a_ks
                 for q in range(0, cols, NR6):  # strip (n0 + q) / NR6 from its row k0
-                    _product(A, a_off, a_rs, a_ks, src, (n0 + q) * K + k0 * NR6, NR6, dst,
-                             d0 + q, ldd, rows, NR6, kk, arows, crows, k0 > 0)
+                    _product(A, a_off, a_rs, a_ks, src, (n0 + q) * K + k0 * nr6, nr6, dst,
+                             d0 + q, ldd, rows, nr6, kk, arows, crows, k0 > 0)
             if via_scratch:
                 _store(C, direct, c_ms, c_ns, out, cols, rows, min(cols, N - n0))
 
