@@ -8,7 +8,7 @@ import pytest
 from numba import njit
 
 from fucina.kernels import batched_gemm as bg
-from fucina.kernels.transpose import LANES, tblock
+from fucina.kernels.transpose import LANES, make_tblock, tblock
 
 
 @njit(cache=True)
@@ -16,14 +16,42 @@ def _one_block(src, s_off, s_ld, dst, d_off, d_ld):  # type: ignore[no-untyped-d
     tblock(src, s_off, s_ld, dst, d_off, d_ld)
 
 
-def test_block_lands_transposed_at_its_offsets():
+_BLOCKS = {lanes: make_tblock(lanes) for lanes in (1, 2, 4, 8, 16)}
+
+
+def _at_width(lanes: int):  # type: ignore[no-untyped-def]
+    block = _BLOCKS[lanes]
+
+    @njit
+    def one(src, s_off, s_ld, dst, d_off, d_ld):  # type: ignore[no-untyped-def]
+        block(src, s_off, s_ld, dst, d_off, d_ld)
+
+    return one
+
+
+def _check_block(one, lanes: int) -> None:  # type: ignore[no-untyped-def]
     src = np.arange(40 * 50, dtype=np.float32)
     src.flags.writeable = False  # read-only sources are accepted
     dst = np.full(60 * 70, -1.0, np.float32)
-    _one_block(src, 3 * 50 + 5, 50, dst, 2 * 70 + 7, 70)
+    one(src, 3 * 50 + 5, 50, dst, 2 * 70 + 7, 70)
     want = np.full((60, 70), -1.0, np.float32)
-    want[2:2 + LANES, 7:7 + LANES] = src.reshape(40, 50)[3:3 + LANES, 5:5 + LANES].T
+    want[2:2 + lanes, 7:7 + lanes] = src.reshape(40, 50)[3:3 + lanes, 5:5 + lanes].T
     np.testing.assert_array_equal(dst.reshape(60, 70), want)
+
+
+def test_block_lands_transposed_at_its_offsets():
+    _check_block(_one_block, LANES)
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4, 8, 16])
+def test_every_width_transposes(lanes):
+    # the AVX2 (8) and AVX-512 (16) widths both run on every host
+    _check_block(_at_width(lanes), lanes)
+
+
+def test_width_must_be_a_power_of_two():
+    with pytest.raises(ValueError, match="power of two, got 12"):
+        make_tblock(12)
 
 
 @pytest.mark.parametrize("k,n", [(1, 1), (LANES, LANES), (2 * LANES + 3, LANES + 5),

@@ -170,7 +170,7 @@ def _pack(B, b0, b_ks, b_ns, K, N, panel, s_lo, s_hi):
     n_full = hi - (hi - lo) % LANES if b_ks == 1 else lo
     for n0 in range(lo, n_full, LANES):
         for k0 in range(0, k_full, LANES):
-            tblock(B, b0 + n0 * b_ns + k0, b_ns,  # type: ignore[call-arg]
+            tblock(B, b0 + n0 * b_ns + k0, b_ns,
                    panel, n0 // NR6 * ks + k0 * NR6 + n0 % NR6, NR6)
     for n0 in range(lo, hi, PACK):  # the ragged edges, and every other layout
         for k in range(K):

@@ -26,7 +26,7 @@ from numba.extending import intrinsic
 
 from .microkernel import LANES
 
-__all__ = ["LANES", "tblock"]
+__all__ = ["LANES", "make_tblock", "tblock"]
 
 
 def _stage(rows: list[ir.Value], b: int, builder: ir.IRBuilder, lanes: int) -> list[ir.Value]:
@@ -44,17 +44,29 @@ def _stage(rows: list[ir.Value], b: int, builder: ir.IRBuilder, lanes: int) -> l
     return out
 
 
-@intrinsic
-def tblock(typingctx, src, s_off, s_ld, dst, d_off, d_ld):
-    """``dst[d_off + j * d_ld + i] = src[s_off + i * s_ld + j]`` for ``i, j < LANES``
-    (element offsets from each array's first element; ``src`` may be read-only)."""
-    for arr in (src, dst):
-        if not isinstance(arr, types.Array) or arr.dtype != types.float32:
+def make_tblock(lanes: int):  # type: ignore[no-untyped-def]
+    """The block-transpose intrinsic for ``lanes x lanes`` blocks (a power of two);
+    :func:`tblock` is the one at the tiles' width, :data:`LANES`."""
+    if lanes < 1 or lanes & (lanes - 1):
+        raise ValueError(f"lanes must be a power of two, got {lanes}")
+
+    @intrinsic
+    def tblock(typingctx, src, s_off, s_ld, dst, d_off, d_ld):
+        """``dst[d_off + j * d_ld + i] = src[s_off + i * s_ld + j]`` for ``i, j < lanes``
+        (element offsets from each array's first element; ``src`` may be read-only)."""
+        for arr in (src, dst):
+            if not isinstance(arr, types.Array) or arr.dtype != types.float32:
+                return None
+        if not dst.mutable:
             return None
-    if not dst.mutable:
-        return None
-    sig = types.void(src, types.int64, types.int64, dst, types.int64, types.int64)
-    lanes = LANES
+        sig = types.void(src, types.int64, types.int64, dst, types.int64, types.int64)
+        return sig, _codegen(lanes)
+
+    return tblock
+
+
+def _codegen(lanes: int):  # type: ignore[no-untyped-def]
+    """LLVM for one block (the signature is the intrinsic's)."""
 
     def codegen(context, builder, signature, args):
         src_arr, s_off, s_ld, dst_arr, d_off, d_ld = args
@@ -75,4 +87,8 @@ def tblock(typingctx, src, s_off, s_ld, dst, d_off, d_ld):
             builder.store(rows[j], builder.bitcast(builder.gep(d_ptr, [at]), vptr), align=4)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+tblock = make_tblock(LANES)
+"""``dst[d_off + j * d_ld + i] = src[s_off + i * s_ld + j]`` for ``i, j < LANES``."""
