@@ -59,3 +59,34 @@ def test_host_gemm6_tiles_match_numpy():
     np.testing.assert_allclose(c, want + 0.5, rtol=1e-5, atol=1e-4)
     mk.gemm6(a.ravel(), 0, K, 1, b.ravel(), 0, N, c.ravel(), 0, N, M, N, K, False)
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("M", [4, 8, 12, 20, 24, 60, 64])
+@pytest.mark.parametrize("N", [16, 32, 48, 64, 80])
+def test_gemm_any_is_gemm_bit_for_bit(M, N):
+    """The mixed-tile kernel (6 x NR6 where it fits, 4 x 16 at the edges) gives gemm's
+    exact bits on every row and column split, reading A either way, accumulating or
+    not, and writes nothing past N (ldc > N) or outside its block of rows."""
+    rng = np.random.default_rng(M * 1000 + N)
+    K = 23
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N + 3)).astype(np.float32)
+    c0 = rng.standard_normal((M + 2, N + 5)).astype(np.float32)
+    want64 = a.astype(np.float64) @ b[:, :N].astype(np.float64)
+    for a_transposed in (False, True):
+        store = np.ascontiguousarray(a.T) if a_transposed else a
+        a_rs, a_ks = (1, M) if a_transposed else (K, 1)
+        for accumulate in (False, True):
+            outs = []
+            for fn in (mk.gemm, mk.gemm_any):
+                c = c0.copy()
+                fn(store.ravel(), 0, a_rs, a_ks, b.ravel(), 0, N + 3, c.ravel(), N + 5, N + 5,
+                   M, N, K, accumulate)
+                outs.append(c)
+            np.testing.assert_array_equal(outs[1], outs[0])
+            c = outs[1]
+            base = c0[1:M + 1, :N] if accumulate else 0.0
+            np.testing.assert_allclose(c[1:M + 1, :N], want64 + base, rtol=1e-5, atol=1e-4)
+            np.testing.assert_array_equal(c[0], c0[0])  # the row before the block
+            np.testing.assert_array_equal(c[M + 1], c0[M + 1])  # the row after it
+            np.testing.assert_array_equal(c[:, N:], c0[:, N:])  # nothing written past N

@@ -9,7 +9,9 @@ blocks, recomputing each block of probabilities from the saved logsumexp.
 Working memory is a few ``BQ x BK`` and ``B x D`` tiles per task.
 
 Block products run on the register-blocked micro-kernel of
-``fucina.kernels.microkernel`` (4 x 16 output tiles). Scores are kept
+``fucina.kernels.microkernel`` (:func:`~fucina.kernels.microkernel.gemm_any`: 6 x NR6
+tiles, 4 x 16 at the edges; the 4 x 16 tile alone left the forward's and backward's
+products at 1.04-1.23x slower on AVX-512, same bits). Scores are kept
 transposed (keys by rows, queries along the contiguous axis) so that no tile
 is ever transposed and the softmax statistics are elementwise. Tiles are
 zero-padded to whole output tiles; masked and padded scores are -inf before
@@ -27,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..errors import IndexOutOfBounds, InvalidShape, ShapeMismatch
-from .microkernel import NR, gemm
+from .microkernel import NR, gemm_any
 from .vecmath import exp_f32, log_f32
 
 #: Query rows per forward task and per backward inner block.
@@ -136,7 +138,7 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
             # in the same cache sets on every re-read.
             direct = nn == NR and nk == BK and Dv == D
             if direct:
-                gemm(k, kb, k_ss, 1, QT, 0, BQ, St, 0, BQ, BK, nn, D, False)
+                gemm_any(k, kb, k_ss, 1, QT, 0, BQ, St, 0, BQ, BK, nn, D, False)
             else:
                 for r in range(nk):
                     ks = kb + r * k_ss
@@ -149,7 +151,7 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
                     for d in range(D):
                         Kb[r, d] = 0.0
                         Vb[r, d] = 0.0
-                gemm(Kb, 0, D, 1, QT, 0, BQ, St, 0, BQ, BK, nn, D, False)
+                gemm_any(Kb, 0, D, 1, QT, 0, BQ, St, 0, BQ, BK, nn, D, False)
             # A block every real column attends in full needs no mask.
             if has_bias or nq < nn or nk < BK or j0 < all_lo or j0 + nk > all_hi:
                 for j in range(BK):
@@ -189,9 +191,9 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
                     el[i] += p
                     St[j, i] = p
             if direct:
-                gemm(St, 0, 1, BQ, v, vb, v_ss, acc, 0, Dv, nm, Dv, nk, True)
+                gemm_any(St, 0, 1, BQ, v, vb, v_ss, acc, 0, Dv, nm, Dv, nk, True)
             else:
-                gemm(St, 0, 1, BQ, Vb, 0, Dv, acc, 0, Dv, nm, Dv, nk, True)
+                gemm_any(St, 0, 1, BQ, Vb, 0, Dv, acc, 0, Dv, nm, Dv, nk, True)
             j0 += BK
         if split:
             for i in range(nq):
@@ -364,7 +366,7 @@ def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss
                 nq = min(BQ, S - i0)
                 qt = ib * D * BQ
                 rows = ib * BQ * Dv
-                gemm(Kb, 0, Dv, 1, QT, qt, BQ, St, 0, BQ, BK, BQ, D, False)
+                gemm_any(Kb, 0, Dv, 1, QT, qt, BQ, St, 0, BQ, BK, BQ, D, False)
                 for j in range(BK):
                     lo = 0
                     hi = nq
@@ -377,13 +379,13 @@ def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss
                     for i in range(BQ):
                         p = exp_f32(St[j, i] - lse[i0 + i])
                         St[j, i] = p if (i >= lo) & (i < hi) else _F(0.0)
-                gemm(St, 0, BQ, 1, Gb, rows, Dv, dVj, 0, Dv, BK, Dv, BQ, True)
-                gemm(Vb, 0, Dv, 1, GT, qt, BQ, dPt, 0, BQ, BK, BQ, D, False)
+                gemm_any(St, 0, BQ, 1, Gb, rows, Dv, dVj, 0, Dv, BK, Dv, BQ, True)
+                gemm_any(Vb, 0, Dv, 1, GT, qt, BQ, dPt, 0, BQ, BK, BQ, D, False)
                 for j in range(BK):
                     for i in range(BQ):
                         dPt[j, i] = St[j, i] * (dPt[j, i] - delta[i0 + i])
-                gemm(dPt, 0, BQ, 1, Qb, rows, Dv, dKj, 0, Dv, BK, Dv, BQ, True)
-                gemm(dPt, 0, 1, BQ, Kb, 0, Dv, dQl, rows, Dv, BQ, Dv, BK, True)
+                gemm_any(dPt, 0, BQ, 1, Qb, rows, Dv, dKj, 0, Dv, BK, Dv, BQ, True)
+                gemm_any(dPt, 0, 1, BQ, Kb, 0, Dv, dQl, rows, Dv, BQ, Dv, BK, True)
             for r in range(nk):
                 b = (j0 + r) * dk_ss + slot[h] * dk_sh
                 for d in range(D):

@@ -156,3 +156,30 @@ def gemm6(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulat
         for n in range(0, N, NR6):
             _tile6(A, a_off + m * a_rs, a_rs, a_ks, B, b_off + n, ldb,
                    C, c_off + m * ldc + n, ldc, K, accumulate)
+
+
+@njit(cache=True, nogil=True)
+def gemm_any(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate):
+    """:func:`gemm`'s contract (``M % 4 == 0``, ``N % 16 == 0``) on the widest tiles that
+    fit: :func:`gemm6`'s 6 x NR6 tiles over the largest block they cover, 4 x 16 tiles
+    over the edges.
+
+    The 4 x 16 tile is four accumulators on AVX-512 (one 16-lane vector per row): too
+    few to hide the multiply-add latency, so it runs at about half the 6 x 32 tile's
+    rate there. Each element of C is the same chain of fused multiply-adds in k order
+    whatever tile computes it, so the values are :func:`gemm`'s bit for bit.
+    """
+    n6 = N - N % NR6
+    # M is even: M % 6 is 0, 2 or 4, and the 4 x 16 tiles take the last 4 or 8 rows.
+    r6 = M % MR6
+    m6 = M - (r6 if r6 != 2 else 8)
+    if m6 > 0 and n6 > 0:
+        gemm6(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, m6, n6, K, accumulate)
+        if m6 < M:
+            gemm(A, a_off + m6 * a_rs, a_rs, a_ks, B, b_off, ldb, C, c_off + m6 * ldc, ldc,
+                 M - m6, n6, K, accumulate)
+    elif n6 > 0:
+        gemm(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, n6, K, accumulate)
+    if n6 < N:
+        gemm(A, a_off, a_rs, a_ks, B, b_off + n6, ldb, C, c_off + n6, ldc, M, N - n6, K,
+             accumulate)
