@@ -54,6 +54,23 @@ _pjit = njit(parallel=True, fastmath=_FM, error_model="numpy", cache=True, nogil
 
 
 @_jit
+def _load_block(k, kb, k_ss, v, vb, v_ss, nk, D, Kb, Vb):
+    """Rows ``r < nk`` of a key and a value block (row ``r`` at ``kb + r * k_ss``, ``vb +
+    r * v_ss``) into the contiguous tiles ``Kb``/``Vb``; their rows past ``nk`` zeroed."""
+    for r in range(nk):
+        ks = kb + r * k_ss
+        vs = vb + r * v_ss
+        for d in range(D):
+            Kb[r, d] = k[_U(ks + d)]
+        for d in range(D):
+            Vb[r, d] = v[_U(vs + d)]
+    for r in range(nk, Kb.shape[0]):
+        for d in range(D):
+            Kb[r, d] = 0.0
+            Vb[r, d] = 0.0
+
+
+@_jit
 def _key_range(p, KV, causal, window):
     """[lo, hi) of the keys absolute query position ``p`` attends."""
     if not causal:
@@ -186,17 +203,7 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
                              False)
                 else:
                     if not copied:
-                        for r in range(nk):
-                            ks = kb + r * k_ss
-                            vs = vb + r * v_ss
-                            for d in range(D):
-                                Kb[r, d] = k[_U(ks + d)]
-                            for d in range(D):
-                                Vb[r, d] = v[_U(vs + d)]
-                        for r in range(nk, BK):
-                            for d in range(D):
-                                Kb[r, d] = 0.0
-                                Vb[r, d] = 0.0
+                        _load_block(k, kb, k_ss, v, vb, v_ss, nk, D, Kb, Vb)
                         copied = True
                     gemm_any(Kb, 0, D, 1, QT, u * D * BQ, BQ, St, 0, BQ, BK, nn, D, False)
                 # A block every real column attends in full needs no mask.
@@ -417,17 +424,8 @@ def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss
         dPt = np.empty((BK, BQ), np.float32)
         for j0 in range(0, KV, BK):
             nk = min(BK, KV - j0)
-            for r in range(nk):
-                kb = (j0 + r) * k_ss + kh * k_sh
-                vb = (j0 + r) * v_ss + kh * v_sh
-                for d in range(D):
-                    Kb[r, d] = k[_U(kb + d)]
-                for d in range(D):
-                    Vb[r, d] = v[_U(vb + d)]
-            for r in range(nk, BK):
-                for d in range(D):
-                    Kb[r, d] = 0.0
-                    Vb[r, d] = 0.0
+            _load_block(k, j0 * k_ss + kh * k_sh, k_ss, v, j0 * v_ss + kh * v_sh, v_ss, nk, D,
+                        Kb, Vb)
             dKj[:] = 0.0
             dVj[:] = 0.0
             # Query blocks holding a row that can see a key of this block.
