@@ -62,7 +62,7 @@ def test_grouped_tiles_are_bit_identical(S, KV, H, KH, D, causal, window, with_b
 def test_tasks_cover_every_column_once_in_whole_tiles():
     kvmap = np.array([1, 0, 1, 1, 0])
     S = 150
-    heads, t_kh, t_c0, t_c1 = att.forward_tasks(kvmap, 2, S, group=2)
+    heads, t_kh, t_c0, t_c1 = att.forward_tasks(kvmap, np.bincount(kvmap), S, group=2)
     np.testing.assert_array_equal(heads, [1, 4, 0, 2, 3])  # by kv head, stable
     # kv head 0: 300 columns from 0; kv head 1: 450 columns from 300; two 64-column
     # tiles per task, a short last task per kv head
@@ -72,10 +72,12 @@ def test_tasks_cover_every_column_once_in_whole_tiles():
 
 
 def test_tiles_per_task_from_shapes():
-    assert att.tiles_per_task(np.arange(32), 32, 512) == 8  # 256 tiles
-    assert att.tiles_per_task(np.arange(32), 32, 128) == 4  # 64 tiles
-    assert att.tiles_per_task(np.arange(9) // 3, 3, 12) == 1  # a short prompt
-    assert att.tiles_per_task(np.arange(9) // 3, 3, 1) == 1  # a decode step
+    one_each, three_each = np.ones(32, np.int64), np.full(3, 3)
+    assert att.tiles_per_task(one_each, 512) == 8  # 256 tiles
+    assert att.tiles_per_task(one_each, 128) == 4  # 64 tiles
+    assert att.tiles_per_task(np.ones(20, np.int64), 100) == 2  # 40 tiles
+    assert att.tiles_per_task(three_each, 12) == 1  # a short prompt
+    assert att.tiles_per_task(three_each, 1) == 1  # a decode step
 
 
 def test_group_below_one_is_rejected():

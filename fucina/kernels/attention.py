@@ -17,9 +17,9 @@ forward + backward compile from 53 to 39 s but made the kernels 2-10% slower (In
 AVX-512, one thread), so the literals stay.
 
 Block products run on the register-blocked micro-kernel of
-``fucina.kernels.microkernel`` (:func:`~fucina.kernels.microkernel.gemm_any`: 6 x NR6
-tiles, 4 x 16 at the edges; the 4 x 16 tile alone left the forward's and backward's
-products at 1.04-1.23x slower on AVX-512, same bits). Scores are kept
+``fucina.kernels.microkernel`` (:func:`~fucina.kernels.microkernel.gemm`: 6 x NR6
+tiles, 4 x 16 at the edges; on the 4 x 16 tile alone the forward and backward ran
+1.04-1.23x slower, Intel AVX-512 guest, one and two threads, same bits). Scores are kept
 transposed (keys by rows, queries along the contiguous axis) so that no tile
 is ever transposed and the softmax statistics are elementwise. Tiles are
 zero-padded to whole output tiles; masked and padded scores are -inf before
@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..errors import IndexOutOfBounds, InvalidShape, ShapeMismatch
-from .microkernel import NR, gemm_any
+from .microkernel import NR, gemm
 from .vecmath import exp_f32, log_f32
 
 #: Query rows per forward task and per backward inner block.
@@ -199,13 +199,13 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
                 # apart and would collide in the same cache sets on every re-read.
                 direct = nn == NR and nk == BK and Dv == D and nt == 1
                 if direct:
-                    gemm_any(k, kb, k_ss, 1, QT, u * D * BQ, BQ, St, 0, BQ, BK, nn, D,
+                    gemm(k, kb, k_ss, 1, QT, u * D * BQ, BQ, St, 0, BQ, BK, nn, D,
                              False)
                 else:
                     if not copied:
                         _load_block(k, kb, k_ss, v, vb, v_ss, nk, D, Kb, Vb)
                         copied = True
-                    gemm_any(Kb, 0, D, 1, QT, u * D * BQ, BQ, St, 0, BQ, BK, nn, D, False)
+                    gemm(Kb, 0, D, 1, QT, u * D * BQ, BQ, St, 0, BQ, BK, nn, D, False)
                 # A block every real column attends in full needs no mask.
                 if (has_bias or nq < nn or nk < BK or j0 < t_all_lo[u]
                         or j0 + nk > t_all_hi[u]):
@@ -246,10 +246,10 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
                         el[u, i] += p
                         St[j, i] = p
                 if direct:
-                    gemm_any(St, 0, 1, BQ, v, vb, v_ss, acc, u * BQ * Dv, Dv, nm, Dv, nk,
+                    gemm(St, 0, 1, BQ, v, vb, v_ss, acc, u * BQ * Dv, Dv, nm, Dv, nk,
                              True)
                 else:
-                    gemm_any(St, 0, 1, BQ, Vb, 0, Dv, acc, u * BQ * Dv, Dv, nm, Dv, nk,
+                    gemm(St, 0, 1, BQ, Vb, 0, Dv, acc, u * BQ * Dv, Dv, nm, Dv, nk,
                              True)
             j0 += BK
         for u in range(nt):
@@ -271,23 +271,24 @@ def attention_forward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, bias, b_ss, b
 
 
 #: Most column tiles one forward task holds: it copies each key block once for all of
-#: them (a causal 512-token prompt, 32 heads: the copies were 6.4 of 38 ms, one thread).
+#: them (a causal 512-token prompt, 32 heads: the copies were 6.4 of 38 ms, one thread,
+#: Intel AVX-512 guest).
 TASK_TILES = 8
 #: Tiles are grouped into tasks only while at least this many tasks remain.
 MIN_TASKS = 16
 
 
-def tiles_per_task(kvmap: np.ndarray, kv_heads: int, S: int) -> int:
-    """How many column tiles of one kv head each forward task takes (1: one each).
+def tiles_per_task(counts: np.ndarray, S: int) -> int:
+    """How many column tiles of one kv head each forward task takes (1: one each), from
+    the query heads per kv head (``counts``) and the query length.
 
     Decided from the shapes alone; a tile's values do not depend on its task.
     """
-    counts = np.bincount(kvmap, minlength=kv_heads)
     tiles = int(sum(-(-int(n) * S // BQ) for n in counts))
     return max(1, min(TASK_TILES, tiles // MIN_TASKS))
 
 
-def forward_tasks(kvmap: np.ndarray, kv_heads: int, S: int, group: int = 1
+def forward_tasks(kvmap: np.ndarray, counts: np.ndarray, S: int, group: int = 1
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Query heads grouped by kv head, and the (kv head, column range) of every task.
 
@@ -297,11 +298,10 @@ def forward_tasks(kvmap: np.ndarray, kv_heads: int, S: int, group: int = 1
     ``BQ`` columns, fewer at the end of a kv head's columns.
     """
     heads = np.argsort(kvmap, kind="stable").astype(np.int64)
-    counts = np.bincount(kvmap, minlength=kv_heads)
     t_kh, t_c0, t_c1 = [], [], []
     first = 0
     width = BQ * group
-    for kh in range(kv_heads):
+    for kh in range(len(counts)):
         n = int(counts[kh]) * S
         start = first * S
         for c in range(0, n, width):
@@ -410,7 +410,8 @@ def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss
             lse[i] = o[_U(lse_base + h * S + i)]
         # The transposed tiles from the gathered rows (as in the forward: one strided
         # store per element while reading q and the output gradient left their rows'
-        # loads one at a time; ~9 of 70 ms of a causal 512-token, 32-head backward).
+        # loads one at a time; ~9 of 70 ms of a causal 512-token, 32-head backward, one
+        # thread, Intel AVX-512 guest).
         for ib in range(nqb):
             for d in range(D):
                 for r in range(BQ):
@@ -440,7 +441,7 @@ def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss
                 nq = min(BQ, S - i0)
                 qt = ib * D * BQ
                 rows = ib * BQ * Dv
-                gemm_any(Kb, 0, Dv, 1, QT, qt, BQ, St, 0, BQ, BK, BQ, D, False)
+                gemm(Kb, 0, Dv, 1, QT, qt, BQ, St, 0, BQ, BK, BQ, D, False)
                 for j in range(BK):
                     lo = 0
                     hi = nq
@@ -453,13 +454,13 @@ def attention_backward(q, q_ss, q_sh, k, k_ss, k_sh, v, v_ss, v_sh, o, go, go_ss
                     for i in range(BQ):
                         p = exp_f32(St[j, i] - lse[i0 + i])
                         St[j, i] = p if (i >= lo) & (i < hi) else _F(0.0)
-                gemm_any(St, 0, BQ, 1, Gb, rows, Dv, dVj, 0, Dv, BK, Dv, BQ, True)
-                gemm_any(Vb, 0, Dv, 1, GT, qt, BQ, dPt, 0, BQ, BK, BQ, D, False)
+                gemm(St, 0, BQ, 1, Gb, rows, Dv, dVj, 0, Dv, BK, Dv, BQ, True)
+                gemm(Vb, 0, Dv, 1, GT, qt, BQ, dPt, 0, BQ, BK, BQ, D, False)
                 for j in range(BK):
                     for i in range(BQ):
                         dPt[j, i] = St[j, i] * (dPt[j, i] - delta[i0 + i])
-                gemm_any(dPt, 0, BQ, 1, Qb, rows, Dv, dKj, 0, Dv, BK, Dv, BQ, True)
-                gemm_any(dPt, 0, 1, BQ, Kb, 0, Dv, dQl, rows, Dv, BQ, Dv, BK, True)
+                gemm(dPt, 0, BQ, 1, Qb, rows, Dv, dKj, 0, Dv, BK, Dv, BQ, True)
+                gemm(dPt, 0, 1, BQ, Kb, 0, Dv, dQl, rows, Dv, BQ, Dv, BK, True)
             for r in range(nk):
                 b = (j0 + r) * dk_ss + slot[h] * dk_sh
                 for d in range(D):
@@ -562,11 +563,12 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, kvmap: np.ndarray, scal
     if out is None:
         out = np.empty(n, np.float32)
     off = KV - S if causal else 0
+    counts = np.bincount(kvmap, minlength=k.shape[1])  # query heads per kv head
     if group is None:
-        group = tiles_per_task(kvmap, k.shape[1], S)
+        group = tiles_per_task(counts, S)
     if group < 1:
         raise InvalidShape(f"attention task group {group} is below 1")
-    heads, t_kh, t_c0, t_c1 = forward_tasks(kvmap, k.shape[1], S, group)
+    heads, t_kh, t_c0, t_c1 = forward_tasks(kvmap, counts, S, group)
     splits = key_splits(len(t_kh), KV)
     if splits == 1:
         t_k0 = np.zeros(len(t_kh), np.int64)

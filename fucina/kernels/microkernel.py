@@ -132,8 +132,9 @@ _tile6 = _make_tile(MR6, LANES, 2)
 
 
 @njit(cache=True, nogil=True)
-def gemm(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate):
-    """C (+)= A B over whole MR x NR tiles (``M % 4 == 0``, ``N % 16 == 0``).
+def gemm4(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate):
+    """C (+)= A B over whole MR x NR tiles (``M % 4 == 0``, ``N % 16 == 0``): the edges
+    of :func:`gemm`.
 
     Column panels outermost: a ``K x 16`` panel of ``B`` stays in L1 while the
     rows of ``A`` stream past it (``A`` is re-read once per panel, ``B`` once).
@@ -146,7 +147,7 @@ def gemm(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate
 
 @njit(cache=True, nogil=True)
 def gemm6(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate):
-    """:func:`gemm` on 6 x :data:`NR6` tiles (``M % 6 == 0``, ``N % NR6 == 0``).
+    """:func:`gemm4` on 6 x :data:`NR6` tiles (``M % 6 == 0``, ``N % NR6 == 0``).
 
     Row blocks outermost: each 6-row block of ``A`` is read once and reused from L1
     across the column panels, ``B`` is re-read from cache per block (one thread, a
@@ -159,27 +160,22 @@ def gemm6(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulat
 
 
 @njit(cache=True, nogil=True)
-def gemm_any(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate):
-    """:func:`gemm`'s contract (``M % 4 == 0``, ``N % 16 == 0``) on the widest tiles that
-    fit: :func:`gemm6`'s 6 x NR6 tiles over the largest block they cover, 4 x 16 tiles
-    over the edges.
+def gemm(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, N, K, accumulate):
+    """C (+)= A B (``M % 4 == 0``, ``N % 16 == 0``; the module docstring has the layout) on
+    the widest tiles that fit: :func:`gemm6`'s 6 x NR6 tiles over the largest block they
+    cover, :func:`gemm4`'s 4 x 16 tiles over the edges.
 
-    The 4 x 16 tile is four accumulators on AVX-512 (one 16-lane vector per row): too
-    few to hide the multiply-add latency, so it runs at about half the 6 x 32 tile's
+    The 4 x 16 tile alone is four accumulators on AVX-512 (one 16-lane vector per row):
+    too few to hide the multiply-add latency, so it runs at about half the 6 x 32 tile's
     rate there. Each element of C is the same chain of fused multiply-adds in k order
-    whatever tile computes it, so the values are :func:`gemm`'s bit for bit.
+    whatever tile computes it, so the split changes no bit. An empty part is a no-op.
     """
     n6 = N - N % NR6
     # M is even: M % 6 is 0, 2 or 4, and the 4 x 16 tiles take the last 4 or 8 rows.
     r6 = M % MR6
-    m6 = M - (r6 if r6 != 2 else 8)
-    if m6 > 0 and n6 > 0:
-        gemm6(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, m6, n6, K, accumulate)
-        if m6 < M:
-            gemm(A, a_off + m6 * a_rs, a_rs, a_ks, B, b_off, ldb, C, c_off + m6 * ldc, ldc,
-                 M - m6, n6, K, accumulate)
-    elif n6 > 0:
-        gemm(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, M, n6, K, accumulate)
-    if n6 < N:
-        gemm(A, a_off, a_rs, a_ks, B, b_off + n6, ldb, C, c_off + n6, ldc, M, N - n6, K,
-             accumulate)
+    m6 = max(0, M - (r6 if r6 != 2 else 8))
+    gemm6(A, a_off, a_rs, a_ks, B, b_off, ldb, C, c_off, ldc, m6, n6, K, accumulate)
+    gemm4(A, a_off + m6 * a_rs, a_rs, a_ks, B, b_off, ldb, C, c_off + m6 * ldc, ldc,
+          M - m6, n6, K, accumulate)
+    gemm4(A, a_off, a_rs, a_ks, B, b_off + n6, ldb, C, c_off + n6, ldc, M, N - n6, K,
+          accumulate)
