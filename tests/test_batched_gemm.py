@@ -310,3 +310,34 @@ def test_blas_pin_read_from_openblas_coretype():
     assert not bg.blas_pinned_narrow({"OPENBLAS_CORETYPE": "SkylakeX"})
     assert not bg.blas_pinned_narrow({"OPENBLAS_CORETYPE": " cooperlake "})
     assert not bg.blas_pinned_narrow({})  # OpenBLAS's own choice
+
+
+@pytest.mark.parametrize("m,k,n", [(70, 40, bg.NR6 + 5), (100, 300, 3 * bg.NR6 - 1),
+                                   (200, 33, 5 * bg.NR6 + 1)])
+def test_blocked_product_ragged_columns_written_in_place(m, k, n, monkeypatch):
+    """A ragged N: whole strips go straight into C and only the last through scratch;
+    the bits are those of the product padded to whole strips, and nothing outside the
+    output view is written (its buffer is wider and taller)."""
+    seen = []
+    plane = bg._plane
+
+    def spy(A, B, C, geo, via_scratch, runs):
+        seen.append((geo[4], via_scratch))
+        return plane(A, B, C, geo, via_scratch, runs)
+
+    monkeypatch.setattr(bg, "_plane", spy)
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    np_ = -(-n // bg.NR6) * bg.NR6
+    padded = bg._run(a, np.pad(b, ((0, 0), (0, np_ - n))), np.empty((m, np_), np.float32))
+    buf = np.full((m + 2, n + 7), 7.0, np.float32)
+    out = buf[1:m + 1, 2:n + 2]
+    seen.clear()
+    bg._run(a, b, out)
+    assert seen == [(n, False)]  # as given, no scratch for the whole product
+    np.testing.assert_array_equal(out, padded[:, :n])
+    mask = np.ones(buf.shape, bool)
+    mask[1:m + 1, 2:n + 2] = False
+    assert (buf[mask] == 7.0).all()
+    np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-3)
