@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -315,6 +315,11 @@ class Program:
                 return False
         if sum(id(w.value.storage) == sid for _, w in self.writes) > 1:
             return False  # one value written into two inputs: copy it into both
+        if not st.built.spec.staged_stores:
+            # Its store now meets its own input's loads in one buffer: the kernel is
+            # generated to store each block after loading it (codegen._strip_body).
+            st.built.spec = replace(st.built.spec, staged_stores=True)
+            st.kernel = kcache.load(cg.generate(st.built.spec))
         slot = self.slot[sid]
         self.fresh_slots.discard(slot)
         self.slot[sid] = k

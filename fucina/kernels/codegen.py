@@ -105,6 +105,9 @@ class KernelSpec:
     uses_index: bool = False
     user_fns: tuple[str, ...] = ()  # keys of user scalar functions the steps call
     cache: bool = True  # False: a user function without a stable fingerprint
+    # Outputs may share memory with inputs element for element (a program writing a
+    # value in place): a pointwise kernel then stores each block after all its loads.
+    staged_stores: bool = False
 
 
 class _Writer:
@@ -281,9 +284,12 @@ def stored_value(spec: KernelSpec) -> int | None:
 
 
 #: A strip-mined pointwise kernel runs this many elements of the innermost axis through
-#: each stage before the next: the block stays in L1/L2, and the scratch allocation per
-#: block is amortized (at 1024 it cost 3-10% at 4M elements on a Zen 3).
-STRIP_BLOCK = 4096
+#: each stage before the next, its rows on the stack. Small, so the block's inputs and
+#: rows stay in L1 (one thread, Zen 5, in-place AdamW update of 1M elements: median
+#: 616 us at 256, 718 at 512, 807 at 1024, 970 at 4096; the 4M tanh-sigmoid chain:
+#: best 2.08 ms at 256, 2.50 at 4096). 4096 was chosen when rows were allocated per
+#: block, whose cost it amortized.
+STRIP_BLOCK = 256
 
 #: Whether pointwise chains are strip-mined (:func:`strip_stages`). Only with 512-bit
 #: vectors, where the fused tanh-then-sigmoid loop was measured to spill (issue 13); on
@@ -300,18 +306,24 @@ def strip_stages(spec: KernelSpec) -> list[list[int]]:
     with its results in small scratch rows; every element computes the very same
     expressions, so the values are those of the fused loop. Loads are repeated in
     each stage that reads them (the block is still in L1).
+
+    A kernel with :attr:`KernelSpec.staged_stores` runs in blocks even with one stage
+    (see :func:`_strip_body`).
     """
     steps = spec.steps
-    if not STRIP_MINING or spec.nr != 0 or spec.nk == 0 or spec.uses_index:
+    if spec.nr != 0 or spec.nk == 0 or spec.uses_index:
+        return []
+    if not (STRIP_MINING or spec.staged_stores):
         return []
     # Without reduced axes every step and output is kept-level.
     if any(st.kind not in ("load", "ew") or st.level != "kept" for st in steps) \
             or any(op.level != "kept" for op, _ in spec.outputs):
         return []
     order = _closure(steps, [k for _, k in spec.outputs], "kept")
-    costly = [k for k in order if _calls(steps[k])]
+    costly = [k for k in order if _calls(steps[k])] if STRIP_MINING else []
     if len(costly) < 2:
-        return []
+        one = [k for k in order if steps[k].kind != "load"]
+        return [one] if spec.staged_stores else []
     stages: list[list[int]] = [[]]
     for k in order:
         if steps[k].kind == "load":
@@ -349,6 +361,8 @@ def generate(spec: KernelSpec) -> str:
     w(0, "from fucina.kernels import scalar_fns as sf")
     w(0, "from fucina.kernels import vecmath as vm")
     w(0, "from fucina.kernels import lanes as ln")
+    if strip_stages(spec):
+        w(0, "from fucina.kernels import stack_rows as sr")
     if spec.parallel:
         w(0, "from fucina.kernels import atomics as at")
     if spec.user_fns:
@@ -829,29 +843,36 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
 
 def _strip_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list[str],
                 operands: list[tuple[str, Operand]]) -> None:
-    """A pointwise chain in stages over blocks of the innermost axis (see :func:`strip_stages`)."""
+    """A pointwise chain in stages over blocks of the innermost axis (see :func:`strip_stages`).
+
+    With :attr:`KernelSpec.staged_stores` the last stage also keeps its outputs in
+    rows, and a loop of its own stores them: every load of a block comes before any
+    store. An output written in place over an input (the same buffer, element for
+    element) otherwise made LLVM's runtime alias check fail and the loop run scalar
+    (AdamW's update of a 1024 x 1024 weight, one thread, Zen 5: 2.8 ms against 0.6
+    with separate outputs).
+    """
     nk = spec.nk
     steps = spec.steps
     last, blk = nk - 1, STRIP_BLOCK
     stages = strip_stages(spec)
+    final = len(stages) - 1
+    staged = spec.staged_stores
     stage_of = {k: s for s, ks in enumerate(stages) for k in ks}
     outs = {k for _, k in spec.outputs}
-    # Values computed in one stage and read in a later one live in scratch rows,
-    # allocated once per parallel iteration (each thread its own).
+    # Values computed in one stage and read in a later one live in rows on the stack
+    # (each thread its own: a call's frame), as do all outputs of a staged kernel.
     carried = sorted({d for s, ks in enumerate(stages) for k in ks for d in steps[k].deps
                       if steps[d].kind != "load" and stage_of[d] < s}
-                     | {k for k in outs if stage_of[k] < len(stages) - 1})
+                     | {k for k in outs if staged or stage_of[k] < final})
     depth = _open_kept_loops(spec, w, operands, nk - 1)
-    scratch = [f"t{k} = np.empty({blk}, {_CTOR[steps[k].dtype]})" for k in carried]
+    for k in carried:
+        w(depth, f"t{k} = sr.row({_CTOR[steps[k].dtype]}(0), {blk})")
     if nk == 1 and spec.parallel:
         w(depth, "for kb in range(c0, c1):")
         depth += 1
         w(depth, f"k{last} = kb * {blk}")
-        for line in scratch:
-            w(depth, line)
     else:
-        for line in scratch:
-            w(depth, line)
         w(depth, f"for k{last} in range(0, n{last}, {blk}):")
         depth += 1
     w(depth, f"kl = min({blk}, n{last} - k{last})")
@@ -859,7 +880,10 @@ def _strip_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: li
     for s, ks in enumerate(stages):
         w(depth, "for j in range(kl):")
         d = depth + 1
-        loads = sorted({x for k in ks for x in steps[k].deps if steps[x].kind == "load"})
+        # (an output that is an input's value is loaded in the last stage)
+        out_loads = {k for k in outs if steps[k].kind == "load"} if s == final else set()
+        loads = sorted({x for k in ks for x in steps[k].deps if steps[x].kind == "load"}
+                       | out_loads)
         for x in loads:
             _emit_step(spec, w, names_in, d, x, [last], ["j"])
         for x in sorted({x for k in ks for x in steps[k].deps
@@ -867,11 +891,20 @@ def _strip_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: li
             w(d, f"v{x} = t{x}[j]")
         for k in ks:
             _emit_step(spec, w, names_in, d, k, [last], ["j"])
-            if k in carried and s < len(stages) - 1:
+            if k in carried and s < final:
                 w(d, f"t{k}[j] = v{k}")
-        if s == len(stages) - 1:
+        if s == final:
             for (op, k), name in zip(spec.outputs, names_out):
+                if staged:
+                    if stage_of.get(k, s) == s:  # computed here, or a loaded input
+                        w(d, f"t{k}[j] = v{k}")
+                    continue
                 if stage_of.get(k, s) < s:
                     w(d, f"v{k} = t{k}[j]")
                 idx = _index_expr(name, op.pattern, [last], ["j"], f"b_{name}")
                 w(d, f"{name}[np.uint64({idx})] = v{k}")
+    if staged:
+        w(depth, "for j in range(kl):")
+        for (op, k), name in zip(spec.outputs, names_out):
+            idx = _index_expr(name, op.pattern, [last], ["j"], f"b_{name}")
+            w(depth + 1, f"{name}[np.uint64({idx})] = t{k}[j]")
