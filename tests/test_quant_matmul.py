@@ -343,3 +343,36 @@ def test_gemm_panels_cover_every_row(fmt: str, monkeypatch: pytest.MonkeyPatch) 
     assert Q._panel_rows(K, N) == 10  # more rows while they fit in PANEL_BYTES
     monkeypatch.setattr(Q, "PANEL_ROWS", 384)
     assert Q._panel_rows(K, N) == N  # one panel when the weight has fewer rows
+
+
+def test_gemm_panels_run_on_the_blocked_kernel_where_it_is_routed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the blocked f32 kernel serves a product (AVX-512 tiles, OpenBLAS pinned to
+    # AVX2), the decoded panels go there too; both directions, several panels.
+    from fucina.kernels import batched_gemm as bg
+
+    monkeypatch.setattr(bg, "LANES", 16)
+    monkeypatch.setattr(bg, "BLAS_PINNED_NARROW", True)
+    monkeypatch.setattr(bg, "PLANE_MIN_WORK", 1)
+    monkeypatch.setattr(Q, "PANEL_ROWS", 40)
+    monkeypatch.setattr(Q, "PANEL_BYTES", 0)
+    n, k, m = 112, 256, 48
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    blocks = G.encode_f32("q4_k", w)
+    wd = _gguf_dequant(blocks, "q4_k").astype(np.float64)
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    g = RNG.standard_normal((m, n)).astype(np.float32)
+    planes = []
+    plane = bg._plane
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        planes.append(args[3][2:5])  # (M, K, N) as oriented
+        return plane(*args)
+
+    monkeypatch.setattr(bg, "_plane", spy)
+    np.testing.assert_allclose(Q.qmatmul(x, blocks, "q4_k"), x.astype(np.float64) @ wd.T,
+                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(Q.qmatmul_t(g, blocks, "q4_k", k), g.astype(np.float64) @ wd,
+                               rtol=1e-4, atol=1e-3)
+    if bg.THREAD_SAFE:  # a threading layer that is not thread-safe keeps BLAS
+        assert len(planes) == 6  # panels of 40, 40 and 32 rows, forward and gradient

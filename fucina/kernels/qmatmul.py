@@ -10,7 +10,9 @@ is output column ``r``, ggml's ``[out, in]`` convention). Two paths:
   activation row and never stored as f32.
 - GEMM (many rows) and the transposed product of the gradient: a row panel
   of the weight (a bounded number of rows) is decoded to f32 by a parallel
-  Numba kernel into a reused scratch buffer and multiplied with BLAS; every
+  Numba kernel into a reused scratch buffer and multiplied with BLAS, or with
+  the blocked f32 kernel where it serves the product (:func:`fucina.kernels.
+  batched_gemm.matmul`: AVX-512 tiles while OpenBLAS is pinned to AVX2); every
   block is decoded once per call, and the whole f32 weight never exists.
 
 Formats without a fused kernel (q2_k, q3_k, the IQ and FP4 families) use the
@@ -28,7 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..blocks import BLOCK_DTYPES
-from . import blas_threads, qdot_avx2
+from . import batched_gemm, qdot_avx2
 from .quant import dequantize
 
 __all__ = ["FUSED_FORMATS", "PackedRhs", "decode_panel", "gemv_rows_max", "qmatmul", "qmatmul_t",
@@ -664,7 +666,8 @@ def qmatmul(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
         rows = min(step, n - r0)
         p = panel[:rows]
         decode_panel(w, fmt, r0, p)
-        blas_threads.matmul(x, p.T, out[:, r0:r0 + rows])
+        # The blocked AVX-512 kernel where it beats the pinned OpenBLAS, else BLAS.
+        batched_gemm.matmul(x, p.T, out[:, r0:r0 + rows])
     return out
 
 
@@ -674,13 +677,14 @@ def qmatmul_t(g: np.ndarray, blocks: np.ndarray, fmt: str, k: int) -> np.ndarray
     w = _as_bytes(blocks, fmt)
     m, n = g.shape
     out = np.zeros((m, k), dtype=F)
+    part = np.empty((m, k), dtype=F)
     step = _panel_rows(k, n)
     panel = np.empty((step, k), dtype=F)
     for r0 in range(0, n, step):
         rows = min(step, n - r0)
         p = panel[:rows]
         decode_panel(w, fmt, r0, p)
-        out += blas_threads.matmul(g[:, r0:r0 + rows], p)
+        out += batched_gemm.matmul(g[:, r0:r0 + rows], p, part)
     return out
 
 
