@@ -218,6 +218,24 @@ def test_dense_pack_reference_example(ctx: fucina.ExecContext) -> None:
     np.testing.assert_array_equal(fast(x).numpy().reshape(-1), [2, 3, 9, 7, 11, 30])
 
 
+def test_dense_pack_has_the_bits_of_dot_on_either_route(
+        ctx: fucina.ExecContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fucina.kernels import batched_gemm as bg
+
+    wv = RNG.standard_normal((96, 160)).astype(np.float32)
+    for routed in (False, True):  # BLAS, then the blocked kernel (forced on any host)
+        # (a shape of its own each time: eager dot keeps the plan of a shape it has seen)
+        xv = RNG.standard_normal((40 + 8 * routed, 160)).astype(np.float32)
+        monkeypatch.setattr(bg, "LANES", 16)
+        monkeypatch.setattr(bg, "BLAS_PINNED_NARROW", routed)
+        monkeypatch.setattr(bg, "PLANE_MIN_WORK", 1)
+        w = fucina.Tensor("out", "in").from_slice(ctx, wv.shape, wv)
+        x = fucina.Tensor("seq", "in").from_slice(ctx, xv.shape, xv)
+        got = x.dot_packed(w.pack_rhs(), "in", "out").numpy()
+        np.testing.assert_array_equal(got, x.dot(w, "in").numpy())
+        np.testing.assert_allclose(got, xv.astype(np.float64) @ wv.T, rtol=1e-5, atol=1e-4)
+
+
 def test_half_weights_pack_widened(ctx: fucina.ExecContext) -> None:
     vals = RNG.standard_normal((4, 8)).astype(np.float32)
     wh = fucina.Tensor("out", "in", dtype="bf16").from_slice(ctx, (4, 8), vals)
