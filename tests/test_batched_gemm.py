@@ -341,3 +341,24 @@ def test_blocked_product_ragged_columns_written_in_place(m, k, n, monkeypatch):
     mask[1:m + 1, 2:n + 2] = False
     assert (buf[mask] == 7.0).all()
     np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-3)
+
+
+def test_blocked_product_keeps_a_ragged_n_as_given(monkeypatch):
+    """Unit-stride B and C with a ragged N stay as given (the blocked kernel computes
+    them in place but for the last strip) even where the swapped form would avoid the
+    stacked kernel's scratch: the MLP's weight gradient ran 1.17x slower swapped."""
+    seen = []
+    plane = bg._plane
+
+    def spy(A, B, C, geo, via_scratch, runs):
+        seen.append((geo[2:5], via_scratch))
+        return plane(A, B, C, geo, via_scratch, runs)
+
+    monkeypatch.setattr(bg, "_plane", spy)
+    rng = np.random.default_rng(12)
+    m, k, n = 64, 48, 3 * bg.NR6 + 4
+    a = rng.standard_normal((k, m)).astype(np.float32).T  # a transposed A (dh^T)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    out = bg._run(a, b, np.empty((m, n), np.float32))
+    assert seen == [((m, k, n), False)]
+    np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-4)
