@@ -26,6 +26,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
+from .stack_rows import emit_row
+
 #: Lanes per reduction, by dtype: element t adds into lane ``t % LANES[dtype]``. Four
 #: independent ymm chains on AVX2 (two zmm on AVX-512) hide most of the add latency,
 #: while a swapped kernel (one lane row per lane) stays small.
@@ -168,14 +170,6 @@ def scratch(typingctx: Any, proto: Any) -> Any:
     sig = arrty(proto)
 
     def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-        fty = context.get_value_type(proto)
-        buf = cgutils.alloca_once(builder, fty, size=SCRATCH, name="lane_scratch")
-        ary = context.make_array(arrty)(context, builder)
-        itemsize = context.get_abi_sizeof(fty)
-        intp = context.get_value_type(types.intp)
-        context.populate_array(ary, data=buf, shape=[ir.Constant(intp, SCRATCH)],
-                               strides=[ir.Constant(intp, itemsize)],
-                               itemsize=ir.Constant(intp, itemsize), meminfo=None)
-        return ary._getvalue()
+        return emit_row(context, builder, arrty, SCRATCH, "lane_scratch")
 
     return sig, codegen

@@ -16,7 +16,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["row"]
+__all__ = ["emit_row", "row"]
 
 
 @intrinsic
@@ -37,14 +37,20 @@ def row(typingctx: Any, proto: Any, size: Any) -> Any:
     sig = arrty(proto, size)
 
     def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-        dty = context.get_data_type(proto)  # bool is a byte in arrays
-        buf = cgutils.alloca_once(builder, dty, size=n, name="stack_row")
-        ary = context.make_array(arrty)(context, builder)
-        itemsize = context.get_abi_sizeof(dty)
-        intp = context.get_value_type(types.intp)
-        context.populate_array(ary, data=buf, shape=[ir.Constant(intp, n)],
-                               strides=[ir.Constant(intp, itemsize)],
-                               itemsize=ir.Constant(intp, itemsize), meminfo=None)
-        return ary._getvalue()
+        return emit_row(context, builder, arrty, n, "stack_row")
 
     return sig, codegen
+
+
+def emit_row(context: Any, builder: ir.IRBuilder, arrty: Any, n: int, name: str) -> Any:
+    """LLVM for a 1-D array value of ``arrty`` over ``n`` elements alloca'd in the current
+    function's entry block (for intrinsics: :func:`row`, ``lanes.scratch``)."""
+    dty = context.get_data_type(arrty.dtype)  # bool is a byte in arrays
+    buf = cgutils.alloca_once(builder, dty, size=n, name=name)
+    ary = context.make_array(arrty)(context, builder)
+    itemsize = context.get_abi_sizeof(dty)
+    intp = context.get_value_type(types.intp)
+    context.populate_array(ary, data=buf, shape=[ir.Constant(intp, n)],
+                           strides=[ir.Constant(intp, itemsize)],
+                           itemsize=ir.Constant(intp, itemsize), meminfo=None)
+    return ary._getvalue()
