@@ -312,20 +312,26 @@ def test_blas_pin_read_from_openblas_coretype():
     assert not bg.blas_pinned_narrow({})  # OpenBLAS's own choice
 
 
-@pytest.mark.parametrize("m,k,n", [(70, 40, bg.NR6 + 5), (100, 300, 3 * bg.NR6 - 1),
-                                   (200, 33, 5 * bg.NR6 + 1)])
-def test_blocked_product_ragged_columns_written_in_place(m, k, n, monkeypatch):
-    """A ragged N: whole strips go straight into C and only the last through scratch;
-    the bits are those of the product padded to whole strips, and nothing outside the
-    output view is written (its buffer is wider and taller)."""
-    seen = []
+@pytest.fixture
+def plane_calls(monkeypatch):
+    """The blocked kernel's calls as ((M, K, N) as oriented, via_scratch)."""
+    calls = []
     plane = bg._plane
 
     def spy(A, B, C, geo, via_scratch, runs):
-        seen.append((geo[4], via_scratch))
+        calls.append((tuple(geo[2:5]), via_scratch))
         return plane(A, B, C, geo, via_scratch, runs)
 
     monkeypatch.setattr(bg, "_plane", spy)
+    return calls
+
+
+@pytest.mark.parametrize("m,k,n", [(70, 40, bg.NR6 + 5), (100, 300, 3 * bg.NR6 - 1),
+                                   (200, 33, 5 * bg.NR6 + 1)])
+def test_blocked_product_ragged_columns_written_in_place(m, k, n, plane_calls):
+    """A ragged N: whole strips go straight into C and only the last through scratch;
+    the bits are those of the product padded to whole strips, and nothing outside the
+    output view is written (its buffer is wider and taller)."""
     rng = np.random.default_rng(11)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -333,9 +339,9 @@ def test_blocked_product_ragged_columns_written_in_place(m, k, n, monkeypatch):
     padded = bg._run(a, np.pad(b, ((0, 0), (0, np_ - n))), np.empty((m, np_), np.float32))
     buf = np.full((m + 2, n + 7), 7.0, np.float32)
     out = buf[1:m + 1, 2:n + 2]
-    seen.clear()
+    plane_calls.clear()
     bg._run(a, b, out)
-    assert seen == [(n, False)]  # as given, no scratch for the whole product
+    assert plane_calls == [((m, k, n), False)]  # as given, no scratch for the whole product
     np.testing.assert_array_equal(out, padded[:, :n])
     mask = np.ones(buf.shape, bool)
     mask[1:m + 1, 2:n + 2] = False
@@ -343,22 +349,14 @@ def test_blocked_product_ragged_columns_written_in_place(m, k, n, monkeypatch):
     np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-3)
 
 
-def test_blocked_product_keeps_a_ragged_n_as_given(monkeypatch):
+def test_blocked_product_keeps_a_ragged_n_as_given(plane_calls):
     """Unit-stride B and C with a ragged N stay as given (the blocked kernel computes
     them in place but for the last strip) even where the swapped form would avoid the
     stacked kernel's scratch: the MLP's weight gradient ran 1.17x slower swapped."""
-    seen = []
-    plane = bg._plane
-
-    def spy(A, B, C, geo, via_scratch, runs):
-        seen.append((geo[2:5], via_scratch))
-        return plane(A, B, C, geo, via_scratch, runs)
-
-    monkeypatch.setattr(bg, "_plane", spy)
     rng = np.random.default_rng(12)
     m, k, n = 64, 48, 3 * bg.NR6 + 4
     a = rng.standard_normal((k, m)).astype(np.float32).T  # a transposed A (dh^T)
     b = rng.standard_normal((k, n)).astype(np.float32)
     out = bg._run(a, b, np.empty((m, n), np.float32))
-    assert seen == [((m, k, n), False)]
+    assert plane_calls == [((m, k, n), False)]
     np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-4)

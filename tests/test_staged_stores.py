@@ -4,6 +4,8 @@ parameters updated where they live, and the stack rows the blocks run through.""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from numba import njit
@@ -54,8 +56,14 @@ def test_in_place_update_runs_in_blocks_and_equals_eager(ctx):
     src = staged[0]
     # A row per output, and one loop that only stores them, after the loop that loads.
     assert src.count("sr.row(") == 2 and src.count("for j in range(kl):") == 2
-    store_loop = src[src.rindex("for j in range(kl):"):]
-    assert "in" not in store_loop.replace("in range", "").replace("int", "")
+    store_loop = src[src.rindex("for j in range(kl):"):].splitlines()[1:]
+    stores = [ln.strip() for ln in store_loop if ln.strip().startswith("out")]
+    assert len(stores) == 2 and all(
+        re.fullmatch(r"out\d\[np\.uint64\(b_out\d \+ j\)\] = t\d+\[j\]", x)
+        for x in stores)
+    # nothing else in that loop but the chunk count after it
+    assert all(ln.strip().startswith(("out", "at.fetch_add")) or not ln.strip()
+               for ln in store_loop)
     np.testing.assert_allclose(comp.w.numpy(), eager.w.numpy(), rtol=1e-6, atol=1e-7)
 
 

@@ -486,16 +486,14 @@ def _run(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
     moved = _moved_plane if plane else _moved
     if moved(A.swapaxes(2, 3), out.swapaxes(2, 3)) < moved(B, out):
         A, B, out = B.swapaxes(2, 3), A.swapaxes(2, 3), out.swapaxes(2, 3)
-    pack_b, via_scratch = _needs(B, out)
     threads = numba.get_num_threads()
-    if plane:  # the blocked kernel needs scratch only for a strided C (a ragged N: below)
-        via_scratch = not _unit(out.strides[-1], out.shape[-1])
     (a, a0), (b, b0), (c, c0) = _span(A, False), _span(B, False), _span(out, True)
     geo = (*A.shape, B.shape[3], a0, *_elems(A), b0, *_elems(B), c0, *_elems(out))
     _check_reach(geo, a.size, b.size, c.size)
-    if plane:
-        _plane(a, b, c, geo, via_scratch, threads)
+    if plane:  # always packs B; scratch only for a strided C (a ragged N: its last strip)
+        _plane(a, b, c, geo, not _unit(out.strides[-1], out.shape[-1]), threads)
     else:
+        pack_b, via_scratch = _needs(B, out)
         _stack(a, b, c, geo, pack_b, via_scratch, min(A.shape[0] * A.shape[1], threads))
     return res
 

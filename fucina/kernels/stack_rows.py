@@ -2,8 +2,9 @@
 
 A generated kernel that runs a block of elements through several loops keeps
 the block's intermediate values in rows like these: an ``alloca`` in the
-function's entry block, so a row costs no allocation per call or per block
-(``np.empty`` per block was measurable on short rows), and LLVM knows it
+function's entry block, so a row costs no allocation per call or per block (the
+strip-mined kernels' ``np.empty`` per block had set their block at 4096
+elements to amortize it; on the stack, 256 measured faster), and LLVM knows it
 shares memory with no argument, so loops over it need no runtime alias checks.
 """
 
