@@ -360,3 +360,18 @@ def test_blocked_product_keeps_a_ragged_n_as_given(plane_calls):
     out = bg._run(a, b, np.empty((m, n), np.float32))
     assert plane_calls == [((m, k, n), False)]
     np.testing.assert_allclose(out, _ref(a, b), rtol=1e-5, atol=1e-4)
+
+
+def test_the_kernels_send_spinning_pool_workers_to_sleep_first():
+    # Both kernels run on Numba's threads, which want the cores a spinning pool
+    # worker would hold.
+    from fucina.kernels import pool
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((2, 64, 32)).astype(np.float32)
+    b = rng.standard_normal((2, 32, 48)).astype(np.float32)
+    out = np.empty((2, 64, 48), np.float32)
+    pool._RING.box[2] = 0
+    bg._run(a, b, out)
+    assert pool._RING.box[2] == 1
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)

@@ -105,9 +105,11 @@ def test_mid_size_products_run_on_one_thread_and_restore_the_count(monkeypatch):
     assert blas_threads.gemm_call(np.dot, 2**9, 2**5, 2**5) is np.dot  # 2**19: still one
     wrapped = blas_threads.gemm_call(np.dot, 2**9, 2**5, 2**5 + 1)  # just above: split
     assert wrapped is blas_threads.gemm_call(np.dot, 2**10, 2**6, 2**6)  # 2**22: the last
-    assert blas_threads.gemm_call(np.dot, 2**10, 2**6, 2**6 + 1) is np.dot  # both threads
+    split = blas_threads.gemm_call(np.dot, 2**10, 2**6, 2**6 + 1)  # both threads
+    assert split is blas_threads._LENDING[np.dot] and split is not wrapped
     assert (wrapped is not np.dot) == bool(blas_threads.CONTROLS)
-    assert blas_threads.gemm_call(np.matmul, 1024, 1024, 1024) is np.matmul  # both threads
+    big = blas_threads.gemm_call(np.matmul, 1024, 1024, 1024)  # both threads
+    assert big is blas_threads._LENDING[np.matmul]
     rng = np.random.default_rng(1)
     a = rng.standard_normal((256, 64)).astype(np.float32)
     b = rng.standard_normal((64, 64)).astype(np.float32)
@@ -225,3 +227,17 @@ def test_a_fork_inside_the_section_leaves_the_child_a_free_section(monkeypatch):
     with fresh:
         assert _counts() == [1] * len(before)
     assert _counts() == before
+
+
+def test_a_split_product_first_sends_spinning_pool_workers_to_sleep():
+    from fucina.kernels import pool
+
+    split = blas_threads.gemm_call(np.matmul, 1024, 1024, 1024)
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((300, 200)).astype(np.float32)
+    b = rng.standard_normal((200, 100)).astype(np.float32)
+    out = np.empty((300, 100), np.float32)
+    pool._RING.box[2] = 0
+    assert split(a, b, out=out) is out
+    assert pool._RING.box[2] == 1  # lent: a spinning worker returns to sleep
+    np.testing.assert_array_equal(out, np.matmul(a, b))

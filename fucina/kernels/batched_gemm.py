@@ -48,6 +48,7 @@ from numba.extending import intrinsic
 
 from . import blas_threads
 from .microkernel import LANES, MR6, NR6, gemm6
+from .pool import lend_cores
 from .threads import THREAD_SAFE
 from .transpose import tblock
 
@@ -490,6 +491,7 @@ def _run(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
     (a, a0), (b, b0), (c, c0) = _span(A, False), _span(B, False), _span(out, True)
     geo = (*A.shape, B.shape[3], a0, *_elems(A), b0, *_elems(B), c0, *_elems(out))
     _check_reach(geo, a.size, b.size, c.size)
+    lend_cores()  # both kernels run on Numba's threads
     if plane:  # always packs B; scratch only for a strided C (a ragged N: its last strip)
         _plane(a, b, c, geo, not _unit(out.strides[-1], out.shape[-1]), threads)
     else:

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .pool import lend_cores
+
 #: log2 of the cycles an idle OpenBLAS worker spins before it sleeps (OpenBLAS
 #: clamps it to 4..30; its own default is 28). 2**16 cycles is some 20 us:
 #: back-to-back products still find the workers awake (measured alike to 2**22),
@@ -213,10 +215,23 @@ def one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
 def gemm_call(fn: Callable[..., Any], m: int, n: int, k: int) -> Callable[..., Any]:
     """The BLAS product ``fn`` for matrices ``[m, k] x [k, n]``: run on one OpenBLAS
     thread when OpenBLAS would split it yet it has at most :data:`ONE_THREAD_WORK`
-    multiply-adds, else ``fn`` as it is."""
+    multiply-adds; one that BLAS splits over its threads first sends fucina's
+    spinning pool workers to sleep (:func:`fucina.kernels.pool.lend_cores`)."""
     if _OPENBLAS_ONE_THREAD < m * n * k <= ONE_THREAD_WORK:
         return one_thread(fn)
-    return fn
+    if m * n * k <= _OPENBLAS_ONE_THREAD:
+        return fn
+    lending = _LENDING.get(fn)
+    if lending is None:
+        def lending(*args: Any, **kwargs: Any) -> Any:
+            lend_cores()
+            return fn(*args, **kwargs)
+        lending.__name__ = f"lending_{getattr(fn, '__name__', 'gemm')}"
+        _LENDING[fn] = lending
+    return lending
+
+
+_LENDING: dict[Any, Callable[..., Any]] = {}
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -16,6 +16,14 @@ pipeline, which took 3-4x the compile time of the serial kernel. The thread
 count is Numba's (``numba.get_num_threads()``), so ``numba.set_num_threads``
 applies to these kernels as to Numba's own. Chunks never change a value: each
 output is computed by the same code whichever thread takes its chunk.
+
+A worker that finishes a job on a quiet machine (:func:`quiet`) watches for the
+next post natively for up to :data:`SPIN_US` before it sleeps
+(:func:`fucina.kernels.spin.wait_post`): a sleeping worker starts some 30-40 us
+after the post, a quarter of a short reduction. It never spins while more
+threads are runnable than the process may use cores (another process wants
+them: spinning there took the caller's core and made short kernels 1.2-1.6x
+slower), nor once it finds it was descheduled mid-spin.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numba
@@ -32,25 +41,83 @@ import numpy as np
 from numba.np.ufunc import parallel as _parallel
 
 from .atomics import wait_done
+from .spin import POSTED, PREEMPTED, read_cycles, wait_post
 
-__all__ = ["CHUNKS_PER_THREAD", "run"]
+__all__ = ["CHUNKS_PER_THREAD", "SPIN_US", "lend_cores", "quiet", "run"]
+
+def _spin_setting(environ: Mapping[str, str]) -> float:
+    """``FUCINA_POOL_SPIN_US`` as a number of microseconds (50 when unset)."""
+    raw = environ.get("FUCINA_POOL_SPIN_US", "50")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1e6:
+        raise ValueError(f"FUCINA_POOL_SPIN_US must be a number of microseconds from 0 to "
+                         f"1000000, got {raw!r}")
+    return value
+
 
 #: Chunks per thread: a late or descheduled thread is balanced out by the others.
 CHUNKS_PER_THREAD = 8
 #: Counter reads per native wait before the caller checks for a worker's error.
 _SPINS = 1 << 16
+#: How long a worker that finished a job watches for the next post on a quiet
+#: machine, in microseconds (0: never; it then sleeps at once). The environment's
+#: ``FUCINA_POOL_SPIN_US`` sets it.
+SPIN_US = _spin_setting(os.environ)
+#: A gap between two reads of the time-stamp counter in the spin that means the
+#: worker lost its core meanwhile (microseconds).
+_GAP_US = 200.0
+#: How often :func:`quiet` re-reads the run queue (seconds), over how many readings
+#: it judges, and how long a preempted spin keeps the workers from spinning (seconds).
+_QUIET_EVERY, _READINGS, _BUSY_HOLD = 0.01, 4, 0.05
+#: Chunk counters of the running jobs live in one array of this many pairs (so a
+#: spinning worker can watch a job's counter by slot number, never by address); a
+#: job takes a free pair and gives it back when the last thread lets go of the job.
+_RING_SLOTS = 64
+
+
+class _Ring:
+    """The pairs of chunk counters (``ctl``) jobs take, and the pool's post box."""
+
+    def __init__(self) -> None:
+        self.counters = np.zeros(2 * _RING_SLOTS, np.int64)
+        self.views = [self.counters[2 * i:2 * i + 2] for i in range(_RING_SLOTS)]
+        self.free = list(range(_RING_SLOTS))
+        # box[0]: posts so far; box[1]: the slot of the last posted job; box[2]: non-zero
+        # while the caller runs work on other threads (lend_cores)
+        self.box = np.zeros(3, np.int64)
+
+
+_RING = _Ring()
 
 
 class _Job:
-    __slots__ = ("entry", "ctl", "nch", "args", "error")
+    """One parallel kernel call: every thread that takes it runs ``entry`` over chunks
+    from the counter pair ``ctl`` (a ring slot while one is free)."""
 
-    def __init__(self, entry: Callable[..., None], ctl: np.ndarray, nch: int,
-                 args: Sequence[Any]) -> None:
+    __slots__ = ("entry", "ctl", "nch", "args", "error", "slot", "ring")
+
+    def __init__(self, entry: Callable[..., None], nch: int, args: Sequence[Any]) -> None:
+        ring = _RING
+        self.ring = ring
+        self.slot = ring.free.pop() if ring.free else -1
+        if self.slot >= 0:
+            self.ctl = ring.views[self.slot]
+            self.ctl.fill(0)
+        else:  # more jobs alive than slots: a counter of its own, not watched
+            self.ctl = np.zeros(2, np.int64)
         self.entry = entry
-        self.ctl = ctl
         self.nch = nch
         self.args = args
         self.error: BaseException | None = None
+
+    def __del__(self) -> None:
+        # No thread holds the job any more, so no late worker can still take one of
+        # its chunks from this counter: the pair may serve another job.
+        if self.slot >= 0:
+            self.ring.free.append(self.slot)
 
     def work(self) -> None:
         try:
@@ -77,8 +144,93 @@ class _Pool:
                 self.workers.append(t)
 
     def _serve(self) -> None:
+        box = _RING.box
         while True:
-            self.jobs.get().work()
+            seen = int(box[0])
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                if SPIN_US > 0 and quiet():
+                    budget, gap = _ticks()
+                    got = wait_post(box, _RING.counters, seen, budget, gap)
+                    if got == POSTED:
+                        continue
+                    if got == PREEMPTED:
+                        _QUIET.hold()
+                job = self.jobs.get()
+            job.work()
+            del job  # the job's counter pair is free once every thread let go
+
+
+def _runnable() -> int:
+    """Threads runnable system-wide now (``/proc/loadavg``), or -1 where unreadable."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+class _Quiet:
+    """Whether the machine looks quiet: in at most one of the last :data:`_READINGS`
+    readings of ``/proc/loadavg``'s run-queue count (re-read every :data:`_QUIET_EVERY`
+    s) were more threads runnable, system-wide, than this process may use cores. A
+    process spinning on a core shows in every reading; a kernel thread passing by in
+    few. A spin that finds itself descheduled holds the workers still for
+    :data:`_BUSY_HOLD` s. Where the count cannot be read, never quiet."""
+
+    def __init__(self, read: Callable[[], int] | None = None, cores: int | None = None) -> None:
+        if cores is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        self.cores = cores
+        self.read = _runnable if read is None else read
+        self.next_read = 0.0
+        self.busy_until = 0.0
+        self.over: deque[bool] = deque([True] * _READINGS, maxlen=_READINGS)
+        self.state = False
+
+    def hold(self) -> None:
+        self.busy_until = time.monotonic() + _BUSY_HOLD
+        self.state = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_read:
+            return self.state
+        self.next_read = now + _QUIET_EVERY
+        running = self.read()
+        self.over.append(running < 0 or running > self.cores)
+        self.state = sum(self.over) <= 1 and now >= self.busy_until
+        return self.state
+
+
+_QUIET = _Quiet()
+
+
+def lend_cores() -> None:
+    """Tell spinning workers to sleep now: the caller is about to run work on threads
+    of their own (Numba's parallel kernels, BLAS), which want the cores. The next post
+    lets them spin again. (The encoder block, whose GEMMs follow pool kernels, ran
+    0.92-1.01x as fast with workers spinning through its GEMMs.)"""
+    _RING.box[2] = 1
+
+
+def quiet() -> bool:
+    """Whether pool workers may spin for the next post now (see :class:`_Quiet`)."""
+    return _QUIET()
+
+
+_RATE: list[float] = []
+
+
+def _ticks() -> tuple[int, int]:
+    """(spin budget, preemption gap) in time-stamp counter ticks (the counter's rate is
+    measured once, by the first worker that spins: 2 ms asleep)."""
+    if not _RATE:
+        c0, t0 = read_cycles(), time.perf_counter()
+        time.sleep(0.002)
+        _RATE.append((read_cycles() - c0) / (time.perf_counter() - t0))  # ticks per second
+    return int(SPIN_US * 1e-6 * _RATE[0]), int(_GAP_US * 1e-6 * _RATE[0])
 
 
 _POOL = _Pool()
@@ -86,8 +238,9 @@ _POOL = _Pool()
 
 def _after_fork() -> None:
     # A forked child has none of the parent's threads: it starts its own when needed.
-    global _POOL
+    global _POOL, _RING
     _POOL = _Pool()
+    _RING = _Ring()
 
 
 if hasattr(os, "register_at_fork"):
@@ -106,16 +259,20 @@ def run(entry: Callable[..., None], n: int, args: Sequence[Any]) -> None:
     """Call ``entry(ctl, nch, *args)``, a kernel whose outer loop has ``n`` iterations,
     on up to ``numba.get_num_threads()`` threads; returns when every chunk is done."""
     threads = min(_num_threads(), n)
-    ctl = np.zeros(2, np.int64)
     if threads <= 1:
-        entry(ctl, 1, *args)
+        entry(np.zeros(2, np.int64), 1, *args)
         return
     nch = min(n, threads * CHUNKS_PER_THREAD)
-    job = _Job(entry, ctl, nch, args)
+    job = _Job(entry, nch, args)
+    ctl = job.ctl
     pool = _POOL
     pool.ensure(threads - 1)
     for _ in range(threads - 1):
         pool.jobs.put(job)
+    box = _RING.box
+    box[2] = 0
+    box[1] = job.slot  # (a stale or unwatched slot only makes a spinning worker wait longer)
+    box[0] += 1
     entry(ctl, nch, *args)
     while not wait_done(ctl, nch, _SPINS):  # a chunk still running on a worker
         if job.error is not None:
