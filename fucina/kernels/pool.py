@@ -17,12 +17,6 @@ count is Numba's (``numba.get_num_threads()``), so ``numba.set_num_threads``
 applies to these kernels as to Numba's own. Chunks never change a value: each
 output is computed by the same code whichever thread takes its chunk.
 
-On a busy machine (more threads runnable than cores) the caller runs each kernel
-alone: a worker that takes a chunk and then loses its core to the other process
-would make the caller wait for it. With one of two cores taken, a posted worker
-mostly came too late to take any chunk: two threads and the caller alone measured
-alike (0.97-1.00x over 1140 alternating rounds of exp, a * b + a, max and softmax
-over 4M f32, 2-vCPU Zen 5), so running alone costs nothing there and saves the post.
 A worker that finishes a job on a quiet machine (:func:`quiet`) watches for the
 next post natively for up to :data:`SPIN_US` before it sleeps
 (:func:`fucina.kernels.spin.wait_post`): a sleeping worker starts some 30-40 us
@@ -263,11 +257,9 @@ def _num_threads() -> int:
 
 def run(entry: Callable[..., None], n: int, args: Sequence[Any]) -> None:
     """Call ``entry(ctl, nch, *args)``, a kernel whose outer loop has ``n`` iterations,
-    on up to ``numba.get_num_threads()`` threads while the machine is quiet
-    (:func:`quiet`), else on the caller alone; returns when every chunk is done."""
+    on up to ``numba.get_num_threads()`` threads; returns when every chunk is done."""
     threads = min(_num_threads(), n)
-    if threads <= 1 or not _QUIET():
-        # Busy machine: the caller alone (see the module docstring).
+    if threads <= 1:
         entry(np.zeros(2, np.int64), 1, *args)
         return
     nch = min(n, threads * CHUNKS_PER_THREAD)
