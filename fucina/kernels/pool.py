@@ -45,6 +45,7 @@ from .spin import POSTED, PREEMPTED, read_cycles, wait_post
 
 __all__ = ["CHUNKS_PER_THREAD", "SPIN_US", "lend_cores", "quiet", "run"]
 
+
 def _spin_setting(environ: Mapping[str, str]) -> float:
     """``FUCINA_POOL_SPIN_US`` as a number of microseconds (50 when unset)."""
     raw = environ.get("FUCINA_POOL_SPIN_US", "50")
@@ -102,7 +103,10 @@ class _Job:
     def __init__(self, entry: Callable[..., None], nch: int, args: Sequence[Any]) -> None:
         ring = _RING
         self.ring = ring
-        self.slot = ring.free.pop() if ring.free else -1
+        try:  # (pop, not a test then a pop: another thread may take the last pair between)
+            self.slot = ring.free.pop()
+        except IndexError:
+            self.slot = -1
         if self.slot >= 0:
             self.ctl = ring.views[self.slot]
             self.ctl.fill(0)
@@ -209,9 +213,8 @@ _QUIET = _Quiet()
 
 def lend_cores() -> None:
     """Tell spinning workers to sleep now: the caller is about to run work on threads
-    of their own (Numba's parallel kernels, BLAS), which want the cores. The next post
-    lets them spin again. (The encoder block, whose GEMMs follow pool kernels, ran
-    0.92-1.01x as fast with workers spinning through its GEMMs.)"""
+    of their own (Numba's parallel kernels, BLAS), which want the cores a spinning
+    worker would share with them. The next post lets them spin again."""
     _RING.box[2] = 1
 
 

@@ -66,6 +66,27 @@ def _relax(typingctx: Any) -> Any:
 
 
 @njit(cache=True, nogil=True)
+def _until_changed(arr: np.ndarray, i: int, value: int, box: np.ndarray, budget: int,
+                   gap: int) -> int:
+    """Spin while ``arr[i] == value``: :data:`POSTED` once it differs, :data:`TIMED_OUT`
+    after ``budget`` ticks or once ``box[2]`` is non-zero, :data:`PREEMPTED` when two
+    reads of the time-stamp counter lie more than ``gap`` ticks apart."""
+    t0: int = cycles()  # type: ignore[call-arg]  # an intrinsic: typed by Numba
+    last = t0
+    while load(arr, i) == value:
+        if load(box, 2) != 0:  # the caller lent the cores out
+            return TIMED_OUT
+        now = cycles()
+        if now - last > gap:
+            return PREEMPTED
+        if now - t0 > budget:
+            return TIMED_OUT
+        last = now
+        _relax()
+    return POSTED
+
+
+@njit(cache=True, nogil=True)
 def wait_post(box: np.ndarray, ring: np.ndarray, seen: int, budget: int, gap: int) -> int:
     """Spin until ``box[0]`` differs from ``seen`` (a post), at most ``budget`` ticks,
     and not once ``box[2]`` is non-zero (the caller runs work on threads of its own).
@@ -77,28 +98,12 @@ def wait_post(box: np.ndarray, ring: np.ndarray, seen: int, budget: int, gap: in
     :data:`PREEMPTED` when two reads of the time-stamp counter lie more than
     ``gap`` ticks apart (this thread lost its core meanwhile).
     """
-    t0: int = cycles()  # type: ignore[call-arg]  # an intrinsic: typed by Numba
-    last = t0
-    while load(box, 0) == seen:
-        if load(box, 2) != 0:  # the caller lent the cores out
-            return TIMED_OUT
-        now = cycles()
-        if now - last > gap:
-            return PREEMPTED
-        if now - t0 > budget:
-            return TIMED_OUT
-        last = now
-        _relax()
-    slot = load(box, 1)
+    got = _until_changed(box, 0, seen, box, budget, gap)
+    if got != POSTED:
+        return got
+    slot: int = load(box, 1)  # type: ignore[call-arg]
     if slot < 0 or 2 * slot >= ring.size:
         return POSTED
-    t0 = last = cycles()
-    while load(ring, 2 * slot) == 0:
-        now = cycles()
-        if now - last > gap:
-            return PREEMPTED
-        if now - t0 > budget:
-            return POSTED
-        last = now
-        _relax()
-    return POSTED
+    # a post either way; only a lost core is worth reporting
+    got = _until_changed(ring, 2 * slot, 0, box, budget, gap)
+    return PREEMPTED if got == PREEMPTED else POSTED
