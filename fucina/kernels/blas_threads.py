@@ -197,19 +197,38 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def _memo(table: dict[Any, Callable[..., Any]], fn: Callable[..., Any],
+          make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[..., Any]:
+    """``table``'s wrapper of ``fn``, made by ``make`` on first use (plans keep the
+    wrapper, so the same function always gets the same wrapper)."""
+    wrapped = table.get(fn)
+    if wrapped is None:
+        wrapped = table[fn] = make(fn)
+        wrapped.__name__ = f"{make.__name__.strip('_')}_{getattr(fn, '__name__', 'gemm')}"
+    return wrapped
+
+
+def _one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _ONE:
+            return fn(*args, **kwargs)
+    return run
+
+
+def _lending(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        lend_cores()
+        return fn(*args, **kwargs)
+    return run
+
+
+_LENDING: dict[Any, Callable[..., Any]] = {}
+
+
 def one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` (a BLAS product such as ``np.matmul``) made to run on one OpenBLAS
     thread; ``fn`` itself when no loaded OpenBLAS lets fucina set its thread count."""
-    if not CONTROLS:
-        return fn
-    narrowed = _NARROWED.get(fn)
-    if narrowed is None:
-        def narrowed(*args: Any, **kwargs: Any) -> Any:
-            with _ONE:
-                return fn(*args, **kwargs)
-        narrowed.__name__ = f"one_thread_{getattr(fn, '__name__', 'gemm')}"
-        _NARROWED[fn] = narrowed
-    return narrowed
+    return _memo(_NARROWED, fn, _one_thread) if CONTROLS else fn
 
 
 def gemm_call(fn: Callable[..., Any], m: int, n: int, k: int) -> Callable[..., Any]:
@@ -217,21 +236,10 @@ def gemm_call(fn: Callable[..., Any], m: int, n: int, k: int) -> Callable[..., A
     thread when OpenBLAS would split it yet it has at most :data:`ONE_THREAD_WORK`
     multiply-adds; one that BLAS splits over its threads first sends fucina's
     spinning pool workers to sleep (:func:`fucina.kernels.pool.lend_cores`)."""
-    if _OPENBLAS_ONE_THREAD < m * n * k <= ONE_THREAD_WORK:
-        return one_thread(fn)
-    if m * n * k <= _OPENBLAS_ONE_THREAD:
+    work = m * n * k
+    if work <= _OPENBLAS_ONE_THREAD:
         return fn
-    lending = _LENDING.get(fn)
-    if lending is None:
-        def lending(*args: Any, **kwargs: Any) -> Any:
-            lend_cores()
-            return fn(*args, **kwargs)
-        lending.__name__ = f"lending_{getattr(fn, '__name__', 'gemm')}"
-        _LENDING[fn] = lending
-    return lending
-
-
-_LENDING: dict[Any, Callable[..., Any]] = {}
+    return one_thread(fn) if work <= ONE_THREAD_WORK else _memo(_LENDING, fn, _lending)
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

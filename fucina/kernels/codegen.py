@@ -361,7 +361,8 @@ def generate(spec: KernelSpec) -> str:
     w(0, "from fucina.kernels import scalar_fns as sf")
     w(0, "from fucina.kernels import vecmath as vm")
     w(0, "from fucina.kernels import lanes as ln")
-    if strip_stages(spec):
+    stages = strip_stages(spec)  # (empty for any kernel with reduced axes, swapped ones too)
+    if stages:
         w(0, "from fucina.kernels import stack_rows as sr")
     if spec.parallel:
         w(0, "from fucina.kernels import atomics as at")
@@ -373,8 +374,9 @@ def generate(spec: KernelSpec) -> str:
             w(0, f'uf_{key} = uf.dispatcher("{key}")')
     w(0, "")
     w(0, "")
-    if spec.parallel:
-        w(0, f"OUTER = {chunk_plan(spec)!r}")
+    plan = chunk_plan(spec) if spec.parallel else None
+    if plan is not None:
+        w(0, f"OUTER = {plan!r}")
         w(0, "")
         w(0, "")
     # error_model numpy: x / 0 is inf or nan, as in the reference kernels, not an exception.
@@ -384,8 +386,8 @@ def generate(spec: KernelSpec) -> str:
     w(0, f"@njit(cache={spec.cache}, fastmath={FASTMATH}, nogil=True, "
          'error_model="numpy")')
     w(0, f"def kernel({', '.join(args)}):")
-    if spec.parallel:
-        per = block_outer(spec)
+    if plan is not None:
+        per = plan[1]
         w(1, f"nout = (n0 + {per - 1}) // {per}" if per > 1 else "nout = n0")
         w(1, "while True:")
         w(2, "c = at.fetch_add(ctl, 0, 1)")
@@ -395,8 +397,8 @@ def generate(spec: KernelSpec) -> str:
         w(2, "c1 = nout * (c + 1) // nch")
     if swapped(spec):
         _swapped_body(spec, w, names_in, names_out, operands)
-    elif strip_stages(spec):
-        _strip_body(spec, w, names_in, names_out, operands)
+    elif stages:
+        _strip_body(spec, stages, w, names_in, names_out, operands)
     else:
         _row_body(spec, w, names_in, names_out, operands)
     if spec.parallel:
@@ -841,8 +843,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             w(d, f"{name}[np.uint64({idx})] = v{k}")
 
 
-def _strip_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list[str],
-                operands: list[tuple[str, Operand]]) -> None:
+def _strip_body(spec: KernelSpec, stages: list[list[int]], w: _Writer, names_in: list[str],
+                names_out: list[str], operands: list[tuple[str, Operand]]) -> None:
     """A pointwise chain in stages over blocks of the innermost axis (see :func:`strip_stages`).
 
     With :attr:`KernelSpec.staged_stores` the last stage also keeps its outputs in
@@ -855,7 +857,6 @@ def _strip_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: li
     nk = spec.nk
     steps = spec.steps
     last, blk = nk - 1, STRIP_BLOCK
-    stages = strip_stages(spec)
     final = len(stages) - 1
     staged = spec.staged_stores
     stage_of = {k: s for s, ks in enumerate(stages) for k in ks}

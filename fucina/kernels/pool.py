@@ -19,11 +19,12 @@ output is computed by the same code whichever thread takes its chunk.
 
 A worker that finishes a job on a quiet machine (:func:`quiet`) watches for the
 next post natively for up to :data:`SPIN_US` before it sleeps
-(:func:`fucina.kernels.spin.wait_post`): a sleeping worker starts some 30-40 us
-after the post, a quarter of a short reduction. It never spins while more
-threads are runnable than the process may use cores (another process wants
-them: spinning there took the caller's core and made short kernels 1.2-1.6x
-slower), nor once it finds it was descheduled mid-spin.
+(:func:`fucina.kernels.spin.wait_post`): a sleeping worker started a median 26-34
+us after the post, a quarter of a short reduction (2-vCPU Zen 5 guest). It never
+spins while more threads are runnable than the process may use cores (another
+process wants them: a worker spinning after every job took the caller's core
+there and made short reductions 1.2-1.6x slower, same guest, one core taken), nor
+once it finds it was descheduled mid-spin.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A bounded native wait for the kernel pool's next post (:mod:`fucina.kernels.pool`).
 
-A sleeping worker starts a kernel some 30-40 us after it is posted (measured on
-2-vCPU guests: the futex wake of an idle vCPU, then the GIL), a quarter of a
-130 us reduction. A worker that has just finished a job may instead watch the
+A sleeping worker started a kernel a median 26-34 us after it was posted (a
+2-vCPU Zen 5 guest: the futex wake of an idle vCPU, then the GIL), a quarter of
+a 130 us reduction. A worker that has just finished a job may instead watch the
 pool's post counter here, without the GIL, for a short budget of time-stamp
 counter ticks; it gives up early when the counter shows it was descheduled (a
 gap between two reads: another process wants the core) and never spins unless
