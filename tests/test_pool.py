@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fucina as F
-from fucina.kernels import atomics, pool, spin
+from fucina.kernels import atomics, cache, native_jobs, pool, spin
 
 
 @numba.njit(nogil=True, cache=True)
@@ -138,41 +138,179 @@ def test_parallel_kernel_bits_do_not_depend_on_the_thread_count(shape, axis):
 # ---- spinning workers: the native wait, the quiet-machine judge, the counter ring
 
 
-def test_wait_post_returns_what_it_saw():
-    box, ring = np.zeros(3, np.int64), np.zeros(8, np.int64)
+@numba.njit(nogil=True, cache=True)
+def _scalars(ctl, nch, out, a, b, c, d, e):
+    # Scalars of every flat kind a job row carries, written out where a test can see them.
+    while atomics.fetch_add(ctl, 0, 1) < nch:
+        view = out[1:]  # a view of an argument (its meminfo is null in a job row)
+        tmp = np.empty(3, np.float64)  # and an allocation, on whichever thread runs it
+        tmp[0], tmp[1], tmp[2] = a, b, c
+        view[0], view[1], view[2] = tmp[0], tmp[1], tmp[2]
+        view[3] = d
+        view[4] = 1.0 if e else -1.0
+        atomics.fetch_add(ctl, 1, 1)
+
+
+@numba.njit(nogil=True, cache=True)
+def _fails_on_negative(ctl, nch, n, hits):
+    while True:
+        c = atomics.fetch_add(ctl, 0, 1)
+        if c >= nch:
+            break
+        if n < 0:
+            raise ValueError("n must not be negative")
+        for i in range(n * c // nch, n * (c + 1) // nch):
+            hits[i] += 1
+        atomics.fetch_add(ctl, 1, 1)
+
+
+def _native(fn, args):
+    """(native function, trampoline) of ``fn`` compiled for ``(ctl, nch, *args)``."""
+    full = (np.zeros(2, np.int64), 1, *args)
+    fn.compile(tuple(fn.typeof_pyval(a) for a in full))
+    cres = fn.overloads[tuple(fn.typeof_pyval(a) for a in full)]
+    got = cache._native(cres)
+    assert got is not None
+    return got
+
+
+def _one_job(fn, args, slot=5):
+    """A job packed into a row of a private ring and posted: (box, rows, row, ctl)."""
+    rows, box = np.zeros((8, native_jobs.ROW), np.int64), np.zeros(4, np.int64)
+    row, ctl = rows[slot], np.zeros(2, np.int64)
+    fnaddr, tramp = _native(fn, args)
+    assert native_jobs.pack(row, ctl, 1, *args) > 0
+    native_jobs.post(box, row, slot, tramp, fnaddr)
+    return box, rows, row, ctl
+
+
+def test_a_job_row_carries_every_argument_kind():
+    out = np.zeros(6, np.float64)
+    args = (out, np.float32(1.5), 2.25, np.int32(-7), np.int64(2**40 + 3), True)
+    box, rows, row, ctl = _one_job(_scalars, args)
+    assert box[0] == 1 and box[1] == (1 << 8 | 5) and row[native_jobs.GEN] == 1
+    for _ in range(200):  # the kernel's view and allocation leave no dangling reference
+        ctl[:] = 0
+        native_jobs.run_row(row)
+    assert ctl[1] == 1 and row[native_jobs.STATUS] == 0
+    np.testing.assert_array_equal(out, [0.0, 1.5, 2.25, -7.0, 2.0**40 + 3, 1.0])
+    ctl[:] = 0
+    native_jobs.pack(row, ctl, 1, out, np.float32(-0.5), -1.0, np.int32(3), np.int64(4), False)
+    native_jobs.run_row(row)
+    np.testing.assert_array_equal(out, [0.0, -0.5, -1.0, 3.0, 4.0, -1.0])
+
+
+def test_serve_runs_posted_jobs_and_says_why_it_stopped():
+    n = 40
+    hits = np.zeros(n, np.int64)
+    box, rows, row, ctl = _one_job(_count, (n, hits))
     big = 10**12  # ticks: never reached in these cases
-    assert spin.wait_post(box, ring, 0, 10**5, big) == spin.TIMED_OUT  # nothing posted
-    box[0], box[1], ring[2] = 1, 1, 1  # posted, and the caller took a chunk of slot 1
-    assert spin.wait_post(box, ring, 0, big, big) == spin.POSTED
-    box[1] = -1  # an unwatched job: no counter to wait for
-    assert spin.wait_post(box, ring, 0, big, big) == spin.POSTED
-    box[1], ring[:] = 3, 0  # the caller has not entered its kernel yet: waits the budget
-    assert spin.wait_post(box, ring, 0, 10**5, big) == spin.POSTED
-    box[0], box[2] = 0, 1  # cores lent out: no spin at all, whatever the budget
+    # a post newer than the worker's last: it runs the job (all chunks, alone here)
+    got, last = native_jobs.serve(box, rows, 0, 10**5, big, big)
+    assert (got, last) == (spin.TIMED_OUT, 1) and (hits == 1).all() and ctl[1] == 1
+    assert row[native_jobs.HOLDERS] == 0
+    # nothing newer: the budget runs out, nothing runs again
+    assert native_jobs.serve(box, rows, 1, 10**5, big, big) == (spin.TIMED_OUT, 1)
+    assert (hits == 1).all()
+    # a job closed before the worker came: skipped, but counted as seen
+    native_jobs.close(row)
+    assert row[native_jobs.GEN] == -1
+    assert native_jobs.serve(box, rows, 0, 10**5, big, big) == (spin.TIMED_OUT, 1)
+    assert (hits == 1).all()
+    # cores lent out: it stops at once, whatever the budget
+    box[2] = 1
     t0 = time.monotonic()
-    assert spin.wait_post(box, ring, 0, big, big) == spin.TIMED_OUT
+    assert native_jobs.serve(box, rows, 1, big, big, big)[0] == spin.TIMED_OUT
     assert time.monotonic() - t0 < 1.0
     box[2] = 0  # every gap between two counter reads counts as lost time
-    assert spin.wait_post(box, ring, 0, big, 0) == spin.PREEMPTED
+    assert native_jobs.serve(box, rows, 1, big, 0, big)[0] == spin.PREEMPTED
+    # past the cap after a job: back to the pool to judge the machine again
+    native_jobs.post(box, row, 5, row[native_jobs.TRAMP], row[native_jobs.FN])
+    assert native_jobs.serve(box, rows, 1, big, big, 0) == (spin.POSTED, 2)
 
 
-def test_wait_post_sees_a_post_from_another_thread():
-    box, ring = np.zeros(3, np.int64), np.zeros(8, np.int64)
-    box[1] = 2
+def test_serve_runs_a_job_posted_from_another_thread():
+    n = 40
+    hits = np.zeros(n, np.int64)
+    box, rows, row, ctl = _one_job(_count, (n, hits))
+    tramp, fnaddr = row[native_jobs.TRAMP], row[native_jobs.FN]
+    box[1] = 0  # not posted yet
 
-    def post() -> None:
-        time.sleep(0.02)
-        box[0] = 5
-        time.sleep(0.02)
-        ring[4] = 1  # the caller's first chunk
+    def later() -> None:
+        time.sleep(0.03)
+        native_jobs.post(box, row, 5, tramp, fnaddr)
 
-    t = threading.Thread(target=post)
+    t = threading.Thread(target=later)
     t.start()
     t0 = time.monotonic()
-    got = spin.wait_post(box, ring, 0, 10**13, 10**13)  # the budget is hours
+    # a budget of hours; back right after the job (cap 0)
+    got = native_jobs.serve(box, rows, 1, 10**13, 10**13, 0)
     waited = time.monotonic() - t0
     t.join()
-    assert got == spin.POSTED and 0.03 < waited < 5.0
+    assert got == (spin.POSTED, 2)
+    assert 0.02 < waited < 5.0 and (hits == 1).all()
+
+
+def test_closing_a_row_waits_for_the_workers_inside():
+    rows = np.zeros((2, native_jobs.ROW), np.int64)
+    row = rows[1]
+    native_jobs.count(row[:4], 1)  # (count adds to element 3: HOLDERS)
+    assert row[native_jobs.HOLDERS] == 1
+    done = threading.Event()
+
+    def closer() -> None:
+        native_jobs.close(row)
+        done.set()
+
+    t = threading.Thread(target=closer)
+    t.start()
+    time.sleep(0.05)
+    assert not done.is_set()  # a worker is still inside the job
+    native_jobs.count(row[:4], -1)
+    t.join(5.0)
+    assert done.is_set() and row[native_jobs.GEN] == -1
+
+
+@pytest.mark.parametrize("n", [2, 17, 1001])
+def test_native_jobs_cover_the_outer_loop_exactly_once(n):
+    hits = np.zeros(n, np.int64)
+    native = _native(_count, (n, hits))
+    for _ in range(50):
+        hits[:] = 0
+        pool.run(_count, n, (n, hits), native)
+        np.testing.assert_array_equal(hits, np.ones(n, np.int64))
+
+
+def test_concurrent_callers_of_native_jobs_each_get_all_their_chunks():
+    errors: list[BaseException] = []
+    ok: list[bool] = []
+    native = _native(_count, (257, np.zeros(257, np.int64)))
+
+    def caller() -> None:
+        try:
+            for _ in range(100):
+                hits = np.zeros(257, np.int64)
+                pool.run(_count, 257, (257, hits), native)
+                ok.append(bool((hits == 1).all()))
+        except BaseException as e:
+            errors.append(e)
+
+    ts = [threading.Thread(target=caller) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    assert len(ok) == 400 and all(ok)
+
+
+def test_a_native_jobs_error_reaches_the_caller():
+    hits = np.zeros(64, np.int64)
+    native = _native(_fails_on_negative, (64, hits))
+    pool.run(_fails_on_negative, 64, (64, hits), native)
+    assert (hits == 1).all()
+    with pytest.raises(ValueError, match="must not be negative"):
+        pool.run(_fails_on_negative, 64, (-1, hits), native)
 
 
 def test_quiet_judges_the_run_queue(monkeypatch):
@@ -222,29 +360,38 @@ class _Judge:
 
 
 def _spy(monkeypatch):
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []  # (outcome, post numbers run) of each native serve
     monkeypatch.setattr(pool, "_GAP_US", 1e7)  # a slow host's hiccups are not preemption
-    real = pool.wait_post
+    real = pool.serve
 
-    def wait_post(*args):
-        got = real(*args)
-        seen.append(got)
-        return got
+    def serve(box, rows, last, *rest):
+        got, now = real(box, rows, last, *rest)
+        if rest[0] > 0:  # (not the zero-budget look after a serve)
+            seen.append((got, now - last))
+        return got, now
 
-    monkeypatch.setattr(pool, "wait_post", wait_post)
+    monkeypatch.setattr(pool, "serve", serve)
     return seen
 
 
-def test_workers_spin_for_the_next_post_only_on_a_quiet_machine(monkeypatch):
+def _wait_for(cond, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.001)
+    return bool(cond())
+
+
+def test_workers_serve_jobs_natively_only_on_a_quiet_machine(monkeypatch):
     if numba.get_num_threads() < 2:
         pytest.skip("needs two threads")
     n = 64
+    native = _native(_count, (n, np.zeros(n, np.int64)))
     seen = _spy(monkeypatch)
     monkeypatch.setattr(pool, "SPIN_US", 500_000.0)  # long enough for any host
     monkeypatch.setattr(pool, "_QUIET", _Judge(False))
     for _ in range(5):
         hits = np.zeros(n, np.int64)
-        pool.run(_count, n, (n, hits))
+        pool.run(_count, n, (n, hits), native)
         assert (hits == 1).all()
         time.sleep(0.005)
     assert seen == []  # busy: workers go to sleep at once
@@ -252,29 +399,34 @@ def test_workers_spin_for_the_next_post_only_on_a_quiet_machine(monkeypatch):
     try:
         for _ in range(5):
             hits = np.zeros(n, np.int64)
-            pool.run(_count, n, (n, hits))
+            pool.run(_count, n, (n, hits), native)
             assert (hits == 1).all()
             time.sleep(0.005)
-        assert spin.POSTED in seen  # a worker that spun saw the next post
+        assert pool._RING.box[3] >= 1  # a worker is serving natively now
     finally:
-        pool.lend_cores()  # the spinning worker goes to sleep
+        pool.lend_cores()  # the serving worker goes to sleep
+    # it stops because the cores were lent (before, it may have come back to have the
+    # machine judged again: every 10 ms of serving), after running posts while it served
+    assert _wait_for(lambda: any(got == spin.TIMED_OUT for got, _ in seen))
+    assert sum(k for _, k in seen) >= 1
+    assert _wait_for(lambda: pool._RING.box[3] == 0)
 
 
-def test_lending_the_cores_stops_a_spinning_worker(monkeypatch):
+def test_lending_the_cores_stops_a_serving_worker(monkeypatch):
     if numba.get_num_threads() < 2:
         pytest.skip("needs two threads")
+    native = _native(_count, (64, np.zeros(64, np.int64)))
     seen = _spy(monkeypatch)
     monkeypatch.setattr(pool, "SPIN_US", 2_000_000.0)
     monkeypatch.setattr(pool, "_QUIET", _Judge(True))
     hits = np.zeros(64, np.int64)
-    pool.run(_count, 64, (64, hits))
-    time.sleep(0.05)  # the worker is spinning now (2 s budget)
+    pool.run(_count, 64, (64, hits), native)
+    assert _wait_for(lambda: pool._RING.box[3] >= 1)  # serving now (2 s budget)
     n0 = len(seen)
+    t0 = time.monotonic()
     pool.lend_cores()
-    end = time.monotonic() + 1.0
-    while len(seen) == n0 and time.monotonic() < end:
-        time.sleep(0.001)
-    assert seen[n0:] == [spin.TIMED_OUT]
+    assert _wait_for(lambda: len(seen) > n0, 1.0)
+    assert seen[n0][0] == spin.TIMED_OUT and time.monotonic() - t0 < 1.0
 
 
 def test_the_spin_setting_comes_from_the_environment():
@@ -284,3 +436,34 @@ def test_the_spin_setting_comes_from_the_environment():
     for bad in ("fast", "-1", "1e7", "nan"):
         with pytest.raises(ValueError, match=f"FUCINA_POOL_SPIN_US .*{bad!r}"):
             pool._spin_setting({"FUCINA_POOL_SPIN_US": bad})
+
+
+@numba.njit(nogil=True, cache=True)
+def _takes_a_tuple(ctl, nch, pair, hits):
+    while atomics.fetch_add(ctl, 0, 1) < nch:
+        hits[0] += pair[0] + pair[1]
+        atomics.fetch_add(ctl, 1, 1)
+
+
+def test_only_flat_arguments_make_a_native_job():
+    hits = np.zeros(1, np.int64)
+    full = (np.zeros(2, np.int64), 1, (1, 2), hits)
+    sig = tuple(_takes_a_tuple.typeof_pyval(a) for a in full)
+    _takes_a_tuple.compile(sig)
+    assert cache._native(_takes_a_tuple.overloads[sig]) is None  # a tuple: Python path
+    assert not native_jobs.flat_kind(sig[2]) and native_jobs.flat_kind(sig[3])
+
+
+def test_compiled_parallel_kernels_run_as_native_jobs():
+    if numba.get_num_threads() < 2:
+        pytest.skip("needs two threads")
+    ctx = F.ExecContext()
+    x = F.Tensor("a", "b").randn(ctx, (1024, 512), 3)  # above the parallel threshold
+    fast = F.compile(lambda x: x.exp().sum("b"))
+    want = np.exp(x.numpy().astype(np.float64)).sum(1)
+    fast(x)
+    fast(x)  # (the runners settle by the second call)
+    posts = int(pool._RING.box[0])
+    for _ in range(3):
+        np.testing.assert_allclose(fast(x).numpy(), want, rtol=1e-5)
+    assert int(pool._RING.box[0]) >= posts + 3  # each call posted a job row

@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["fetch_add", "load", "wait_done"]
+__all__ = ["fetch_add", "load", "store", "wait_done"]
 
 
 def _slot(context: Any, builder: ir.IRBuilder, aryty: Any, ary: Any, idxty: Any,
@@ -59,6 +59,23 @@ def load(typingctx: Any, arr: Any, idx: Any) -> Any:
     def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
         ptr = _slot(context, builder, signature.args[0], args[0], signature.args[1], args[1])
         return builder.load_atomic(ptr, "acquire", 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def store(typingctx: Any, arr: Any, idx: Any, val: Any) -> Any:
+    """``arr[idx] = val`` as a sequentially consistent store (a full fence on x86): no
+    later read of this thread is answered before other threads can see it."""
+    if not (_counter(arr) and isinstance(idx, types.Integer) and isinstance(val, types.Integer)):
+        return None
+    sig = types.void(arr, idx, val)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        ptr = _slot(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        v = context.cast(builder, args[2], signature.args[2], types.int64)
+        builder.store_atomic(v, ptr, "seq_cst", 8)
+        return context.get_dummy_value()
 
     return sig, codegen
 

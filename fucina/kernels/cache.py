@@ -26,7 +26,7 @@ import numpy as np
 from numba.core.compiler_lock import global_compiler_lock
 
 from ..runtime.lru import LRU
-from . import pool
+from . import native_jobs, pool
 from .vecmath import target_key
 
 _VERSION = "4"  # bump when generated code conventions change
@@ -160,7 +160,9 @@ class Kernel:
             sig = None
         cres = None if sig is None else fn.overloads.get(sig)
         entry = fn if cres is None else cres.entry_point
-        return entry if self.outer is None else _chunked(entry, self.outer)
+        if self.outer is None:
+            return entry
+        return _chunked(entry, self.outer, None if cres is None else _native(cres))
 
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"
@@ -170,13 +172,29 @@ class Kernel:
 _CTL = np.zeros(2, np.int64)
 
 
-def _chunked(entry: Callable[..., None], outer: tuple[int, int]) -> Callable[..., None]:
-    """A runner calling ``entry`` (a parallel kernel) over chunks of its outer loop."""
+def _native(cres: Any) -> tuple[int, int] | None:
+    """(native function address, trampoline address) of a compiled parallel kernel, for
+    the pool's workers to run it without the GIL (:mod:`.native_jobs`); None where its
+    arguments have no flat int64 form."""
+    if cres.signature.return_type != numba.types.none or not all(
+            native_jobs.flat_kind(t) for t in cres.signature.args):
+        return None
+    try:
+        tramp = native_jobs.trampoline(tuple(cres.signature.args))
+    except TypeError:
+        return None
+    return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)), tramp
+
+
+def _chunked(entry: Callable[..., None], outer: tuple[int, int],
+             native: tuple[int, int] | None = None) -> Callable[..., None]:
+    """A runner calling ``entry`` (a parallel kernel) over chunks of its outer loop
+    (``native``: see :func:`fucina.kernels.pool.run`)."""
     at, per = outer
     run = pool.run
 
     def chunked(*args: Any) -> None:
-        run(entry, -(-args[at] // per), args)
+        run(entry, -(-args[at] // per), args, native)
 
     return chunked
 

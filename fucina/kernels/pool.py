@@ -17,14 +17,18 @@ count is Numba's (``numba.get_num_threads()``), so ``numba.set_num_threads``
 applies to these kernels as to Numba's own. Chunks never change a value: each
 output is computed by the same code whichever thread takes its chunk.
 
-A worker that finishes a job on a quiet machine (:func:`quiet`) watches for the
-next post natively for up to :data:`SPIN_US` before it sleeps
-(:func:`fucina.kernels.spin.wait_post`): a sleeping worker started a median 26-34
-us after the post, a quarter of a short reduction (2-vCPU Zen 5 guest). It never
-spins while more threads are runnable than the process may use cores (another
-process wants them: a worker spinning after every job took the caller's core
-there and made short reductions 1.2-1.6x slower, same guest, one core taken), nor
-once it finds it was descheduled mid-spin.
+A job whose kernel was compiled for its argument types (the runner passes
+``native``) is written into a row of the pool's ring
+(:mod:`fucina.kernels.native_jobs`), and the threads run it from there in native
+code. A worker that finishes a job on a quiet machine (:func:`quiet`) then
+watches for the next post natively for up to :data:`SPIN_US` and runs it without
+returning to Python: a worker that went back to Python for each job had to take
+the GIL while the caller held it between kernels, and slept on it (2-vCPU Zen 5
+guest, sum over [64, 256, 256]: worker start a median 24-31 us after the post
+even while spinning). It never spins while more threads are runnable than the
+process may use cores (another process wants them: a worker spinning after every
+job took the caller's core there and made short reductions 1.2-1.6x slower, same
+guest, one core taken), nor once it finds it was descheduled mid-spin.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ import numpy as np
 from numba.np.ufunc import parallel as _parallel
 
 from .atomics import wait_done
-from .spin import POSTED, PREEMPTED, read_cycles, wait_post
+from .native_jobs import ROW, STATUS, close, count, drive, pack, post, run_row, serve
+from .spin import POSTED, PREEMPTED, read_cycles
 
 __all__ = ["CHUNKS_PER_THREAD", "SPIN_US", "lend_cores", "quiet", "run"]
 
@@ -86,10 +91,12 @@ class _Ring:
     def __init__(self) -> None:
         self.counters = np.zeros(2 * _RING_SLOTS, np.int64)
         self.views = [self.counters[2 * i:2 * i + 2] for i in range(_RING_SLOTS)]
+        self.rows = np.zeros((_RING_SLOTS, ROW), np.int64)  # native jobs (native_jobs)
         self.free = list(range(_RING_SLOTS))
-        # box[0]: posts so far; box[1]: the slot of the last posted job; box[2]: non-zero
-        # while the caller runs work on other threads (lend_cores)
-        self.box = np.zeros(3, np.int64)
+        # box[0]: posts so far; box[1]: the last native post (number << 8 | slot); box[2]:
+        # non-zero while the caller runs work on other threads (lend_cores); box[3]: workers
+        # serving natively now
+        self.box = np.zeros(4, np.int64)
 
 
 _RING = _Ring()
@@ -99,7 +106,7 @@ class _Job:
     """One parallel kernel call: every thread that takes it runs ``entry`` over chunks
     from the counter pair ``ctl`` (a ring slot while one is free)."""
 
-    __slots__ = ("entry", "ctl", "nch", "args", "error", "slot", "ring")
+    __slots__ = ("entry", "ctl", "nch", "args", "error", "slot", "ring", "row", "seq")
 
     def __init__(self, entry: Callable[..., None], nch: int, args: Sequence[Any]) -> None:
         ring = _RING
@@ -117,11 +124,16 @@ class _Job:
         self.nch = nch
         self.args = args
         self.error: BaseException | None = None
+        self.row: np.ndarray | None = None  # the ring row of a native job
+        self.seq = 0  # its post number
 
     def __del__(self) -> None:
-        # No thread holds the job any more, so no late worker can still take one of
-        # its chunks from this counter: the pair may serve another job.
+        # No Python thread holds the job any more, and once the row is closed no native
+        # worker is inside it either: no late worker can take one of its chunks from
+        # this counter, and the pair and row may serve another job.
         if self.slot >= 0:
+            if self.row is not None:
+                close(self.row)
             self.ring.free.append(self.slot)
 
     def work(self) -> None:
@@ -142,6 +154,8 @@ class _Pool:
         if len(self.workers) >= n:
             return
         with self.lock:
+            if not self.workers:
+                _load_native()
             while len(self.workers) < n:
                 t = threading.Thread(target=self._serve, name=f"fucina-kernel-{len(self.workers)}",
                                      daemon=True)
@@ -149,22 +163,42 @@ class _Pool:
                 self.workers.append(t)
 
     def _serve(self) -> None:
-        box = _RING.box
+        ring = _RING
+        box = ring.box
+        last = 0  # the newest native post this worker has run (or skipped as over)
         while True:
-            seen = int(box[0])
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
                 if SPIN_US > 0 and quiet():
-                    budget, gap = _ticks()
-                    got = wait_post(box, _RING.counters, seen, budget, gap)
-                    if got == POSTED:
-                        continue
+                    budget, gap, cap = _ticks()
+                    count(box, 1)
+                    got, last = serve(box, ring.rows, last, budget, gap, cap)
+                    count(box, -1)
+                    # a post between the caller's count of serving workers and ours
+                    _, last = serve(box, ring.rows, last, 0, gap, cap)
                     if got == PREEMPTED:
                         _QUIET.hold()
+                    if got == POSTED:  # it ran jobs for a while: judge the machine again
+                        continue
                 job = self.jobs.get()
-            job.work()
+            if job.row is None:
+                job.work()
+            elif job.seq > last:  # (a copy of a job it already ran natively is skipped)
+                last = job.seq
+                run_row(job.row)
             del job  # the job's counter pair is free once every thread let go
+
+
+def _load_native() -> None:
+    """Compile (or load) the native functions the workers call, here in the thread that
+    starts them: a worker doing it itself would hold Numba's compiler lock for a while,
+    and a process forked meanwhile would inherit the lock held, for good."""
+    ring = _RING
+    typeof = numba.typeof
+    serve.compile(tuple(typeof(a) for a in (ring.box, ring.rows, 0, 0, 0, 0)))
+    count.compile((typeof(ring.box), typeof(0)))
+    run_row.compile((typeof(ring.rows[0]),))
 
 
 def _runnable() -> int:
@@ -227,14 +261,16 @@ def quiet() -> bool:
 _RATE: list[float] = []
 
 
-def _ticks() -> tuple[int, int]:
-    """(spin budget, preemption gap) in time-stamp counter ticks (the counter's rate is
-    measured once, by the first worker that spins: 2 ms asleep)."""
+def _ticks() -> tuple[int, int, int]:
+    """(spin budget, preemption gap, time between judgements of the machine) in
+    time-stamp counter ticks (the counter's rate is measured once, by the first worker
+    that spins: 2 ms asleep)."""
     if not _RATE:
         c0, t0 = read_cycles(), time.perf_counter()
         time.sleep(0.002)
         _RATE.append((read_cycles() - c0) / (time.perf_counter() - t0))  # ticks per second
-    return int(SPIN_US * 1e-6 * _RATE[0]), int(_GAP_US * 1e-6 * _RATE[0])
+    rate = _RATE[0]
+    return int(SPIN_US * 1e-6 * rate), int(_GAP_US * 1e-6 * rate), int(_QUIET_EVERY * rate)
 
 
 _POOL = _Pool()
@@ -259,9 +295,14 @@ def _num_threads() -> int:
     return n if n > 0 else numba.get_num_threads()
 
 
-def run(entry: Callable[..., None], n: int, args: Sequence[Any]) -> None:
+def run(entry: Callable[..., None], n: int, args: Sequence[Any],
+        native: tuple[int, int] | None = None) -> None:
     """Call ``entry(ctl, nch, *args)``, a kernel whose outer loop has ``n`` iterations,
-    on up to ``numba.get_num_threads()`` threads; returns when every chunk is done."""
+    on up to ``numba.get_num_threads()`` threads; returns when every chunk is done.
+
+    ``native`` (the address of the kernel's native function compiled for these
+    argument types, and a trampoline for them: :mod:`fucina.kernels.native_jobs`)
+    lets the threads run it without the GIL."""
     threads = min(_num_threads(), n)
     if threads <= 1:
         entry(np.zeros(2, np.int64), 1, *args)
@@ -271,12 +312,24 @@ def run(entry: Callable[..., None], n: int, args: Sequence[Any]) -> None:
     ctl = job.ctl
     pool = _POOL
     pool.ensure(threads - 1)
+    if native is not None and job.slot >= 0:
+        ring = job.ring
+        row = ring.rows[job.slot]
+        pack(row, ctl, nch, *args)
+        job.row = row
+        job.seq = post(ring.box, row, job.slot, native[1], native[0])
+        for _ in range(threads - 1 - int(ring.box[3])):  # workers asleep: wake them
+            pool.jobs.put(job)
+        while not drive(row, ctl, nch, _SPINS):  # a chunk still running on a worker
+            time.sleep(0)
+        if row[STATUS] != 0:
+            # The kernel reported an error on some thread: run it here alone, which
+            # raises that error as an eager call would.
+            entry(np.zeros(2, np.int64), 1, *args)
+            raise RuntimeError("a parallel kernel reported an error on a pool thread")
+        return
     for _ in range(threads - 1):
         pool.jobs.put(job)
-    box = _RING.box
-    box[2] = 0
-    box[1] = job.slot  # (a stale or unwatched slot only makes a spinning worker wait longer)
-    box[0] += 1
     entry(ctl, nch, *args)
     while not wait_done(ctl, nch, _SPINS):  # a chunk still running on a worker
         if job.error is not None:
