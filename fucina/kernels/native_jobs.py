@@ -11,8 +11,9 @@ ever returning to Python:
 * ``row[FN]``: the address of the kernel's compiled native function (Numba's
   calling convention), ``row[TRAMP]``: a trampoline for its argument types,
   ``row[ARGS:]``: the arguments flattened the way that convention passes them
-  (:func:`pack`; an array is its meminfo, parent, size, item size, data pointer,
-  shape and strides);
+  (:func:`pack`; an array is its size, item size, data pointer, shape and strides,
+  with its meminfo and parent null: the caller's Python objects own the buffers,
+  and holds them until every taken chunk is done);
 * ``row[GEN]``: the post number of the job the row holds (-1 once it is over) and
   ``row[HOLDERS]``: workers inside it. A worker counts itself in before it checks
   the post number, the job's owner marks the row over before it waits for that
@@ -22,8 +23,11 @@ ever returning to Python:
 
 The trampoline is a few lines of LLVM built per argument-type list
 (:func:`trampoline`): it loads the flattened values, converts them to the
-native types and calls the kernel. A kernel's value never depends on which
-thread or which path ran a chunk.
+native types and calls the kernel. This leans on Numba's native calling
+convention (``context.call_conv``, ``get_arg_packer``), the one its own
+compiled functions call each other by; a kernel whose arguments are not arrays
+and plain scalars keeps the Python path (:func:`flat_kind`). A kernel's value
+never depends on which thread or which path ran a chunk.
 """
 
 from __future__ import annotations

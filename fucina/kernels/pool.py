@@ -79,6 +79,9 @@ _GAP_US = 200.0
 #: How often :func:`quiet` re-reads the run queue (seconds), over how many readings
 #: it judges, and how long a preempted spin keeps the workers from spinning (seconds).
 _QUIET_EVERY, _READINGS, _BUSY_HOLD = 0.01, 4, 0.05
+#: Whether jobs with a ``native`` entry run as rows (:mod:`.native_jobs`); measurements
+#: switch it off to compare against the Python path in one process.
+NATIVE_JOBS = True
 #: Chunk counters of the running jobs live in one array of this many pairs (so a
 #: spinning worker can watch a job's counter by slot number, never by address); a
 #: job takes a free pair and gives it back when the last thread lets go of the job.
@@ -312,7 +315,7 @@ def run(entry: Callable[..., None], n: int, args: Sequence[Any],
     ctl = job.ctl
     pool = _POOL
     pool.ensure(threads - 1)
-    if native is not None and job.slot >= 0:
+    if native is not None and job.slot >= 0 and NATIVE_JOBS:
         ring = job.ring
         row = ring.rows[job.slot]
         pack(row, ctl, nch, *args)
