@@ -68,15 +68,17 @@ def test_a_workers_error_reaches_the_caller():
         pool.run(entry, 100, ())
 
 
-def test_concurrent_callers_each_get_all_their_chunks():
+@pytest.mark.parametrize("as_rows", [False, True])
+def test_concurrent_callers_each_get_all_their_chunks(as_rows):
     errors: list[BaseException] = []
     ok: list[bool] = []
+    native = _native(_count, (257, np.zeros(257, np.int64))) if as_rows else None
 
     def caller() -> None:
         try:
             for _ in range(50):
                 hits = np.zeros(257, np.int64)
-                pool.run(_count, 257, (257, hits))
+                pool.run(_count, 257, (257, hits), native)
                 ok.append(bool((hits == 1).all()))
         except BaseException as e:
             errors.append(e)
@@ -279,29 +281,6 @@ def test_native_jobs_cover_the_outer_loop_exactly_once(n):
         hits[:] = 0
         pool.run(_count, n, (n, hits), native)
         np.testing.assert_array_equal(hits, np.ones(n, np.int64))
-
-
-def test_concurrent_callers_of_native_jobs_each_get_all_their_chunks():
-    errors: list[BaseException] = []
-    ok: list[bool] = []
-    native = _native(_count, (257, np.zeros(257, np.int64)))
-
-    def caller() -> None:
-        try:
-            for _ in range(100):
-                hits = np.zeros(257, np.int64)
-                pool.run(_count, 257, (257, hits), native)
-                ok.append(bool((hits == 1).all()))
-        except BaseException as e:
-            errors.append(e)
-
-    ts = [threading.Thread(target=caller) for _ in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors
-    assert len(ok) == 400 and all(ok)
 
 
 def test_a_native_jobs_error_reaches_the_caller():
