@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fucina as F
-from fucina.kernels import atomics, cache, native_jobs, pool, spin
+from fucina.kernels import atomics, native_jobs, pool, spin
 
 
 @numba.njit(nogil=True, cache=True)
@@ -168,10 +168,9 @@ def _fails_on_negative(ctl, nch, n, hits):
 
 def _native(fn, args):
     """(native function, trampoline) of ``fn`` compiled for ``(ctl, nch, *args)``."""
-    full = (np.zeros(2, np.int64), 1, *args)
-    fn.compile(tuple(fn.typeof_pyval(a) for a in full))
-    cres = fn.overloads[tuple(fn.typeof_pyval(a) for a in full)]
-    got = cache._native(cres)
+    sig = tuple(fn.typeof_pyval(a) for a in (np.zeros(2, np.int64), 1, *args))
+    fn.compile(sig)
+    got = native_jobs.entry_of(fn.overloads[sig])
     assert got is not None
     return got
 
@@ -181,8 +180,7 @@ def _one_job(fn, args, slot=5):
     rows, box = np.zeros((8, native_jobs.ROW), np.int64), np.zeros(4, np.int64)
     row, ctl = rows[slot], np.zeros(2, np.int64)
     fnaddr, tramp = _native(fn, args)
-    assert native_jobs.pack(row, ctl, 1, *args) > 0
-    native_jobs.post(box, row, slot, tramp, fnaddr)
+    assert native_jobs.publish(box, row, slot, tramp, fnaddr, ctl, 1, *args) == 1
     return box, rows, row, ctl
 
 
@@ -197,7 +195,9 @@ def test_a_job_row_carries_every_argument_kind():
     assert ctl[1] == 1 and row[native_jobs.STATUS] == 0
     np.testing.assert_array_equal(out, [0.0, 1.5, 2.25, -7.0, 2.0**40 + 3, 1.0])
     ctl[:] = 0
-    native_jobs.pack(row, ctl, 1, out, np.float32(-0.5), -1.0, np.int32(3), np.int64(4), False)
+    # (ctl and out: seven int64s each; nch and the five scalars: one each)
+    assert native_jobs.pack(row, ctl, 1, out, np.float32(-0.5), -1.0, np.int32(3),
+                            np.int64(4), False) == 20
     native_jobs.run_row(row)
     np.testing.assert_array_equal(out, [0.0, -0.5, -1.0, 3.0, 4.0, -1.0])
 
@@ -429,7 +429,7 @@ def test_only_flat_arguments_make_a_native_job():
     full = (np.zeros(2, np.int64), 1, (1, 2), hits)
     sig = tuple(_takes_a_tuple.typeof_pyval(a) for a in full)
     _takes_a_tuple.compile(sig)
-    assert cache._native(_takes_a_tuple.overloads[sig]) is None  # a tuple: Python path
+    assert native_jobs.entry_of(_takes_a_tuple.overloads[sig]) is None  # a tuple: Python path
     assert not native_jobs.flat_kind(sig[2]) and native_jobs.flat_kind(sig[3])
 
 

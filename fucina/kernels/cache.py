@@ -162,7 +162,7 @@ class Kernel:
         entry = fn if cres is None else cres.entry_point
         if self.outer is None:
             return entry
-        return _chunked(entry, self.outer, None if cres is None else _native(cres))
+        return _chunked(entry, self.outer, None if cres is None else native_jobs.entry_of(cres))
 
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"
@@ -170,20 +170,6 @@ class Kernel:
 
 #: A chunk counter, only to type a parallel kernel's first two arguments.
 _CTL = np.zeros(2, np.int64)
-
-
-def _native(cres: Any) -> tuple[int, int] | None:
-    """(native function address, trampoline address) of a compiled parallel kernel, for
-    the pool's workers to run it without the GIL (:mod:`.native_jobs`); None where its
-    arguments have no flat int64 form."""
-    if cres.signature.return_type != numba.types.none or not all(
-            native_jobs.flat_kind(t) for t in cres.signature.args):
-        return None
-    try:
-        tramp = native_jobs.trampoline(tuple(cres.signature.args))
-    except TypeError:
-        return None
-    return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)), tramp
 
 
 def _chunked(entry: Callable[..., None], outer: tuple[int, int],

@@ -26,7 +26,7 @@ The trampoline is a few lines of LLVM built per argument-type list
 native types and calls the kernel. This leans on Numba's native calling
 convention (``context.call_conv``, ``get_arg_packer``), the one its own
 compiled functions call each other by; a kernel whose arguments are not arrays
-and plain scalars keeps the Python path (:func:`flat_kind`). A kernel's value
+and plain scalars keeps the Python path (:func:`entry_of`, :func:`flat_kind`). A kernel's value
 never depends on which thread or which path ran a chunk.
 """
 
@@ -47,7 +47,7 @@ from .atomics import fetch_add, load, store
 from .spin import POSTED, PREEMPTED, TIMED_OUT, _relax, cycles
 
 __all__ = ["ARGS", "FN", "GEN", "HOLDERS", "ROW", "STATUS", "TRAMP", "close", "count", "drive",
-           "flat_kind", "pack", "post", "run_row", "serve", "trampoline"]
+           "entry_of", "flat_kind", "pack", "post", "publish", "run_row", "serve", "trampoline"]
 
 #: int64s per job row, and where each field sits in it.
 ROW = 256
@@ -86,6 +86,11 @@ def _from_i64(builder: ir.IRBuilder, v: Any, t: Any) -> Any:
     raise TypeError(f"a kernel argument of LLVM type {t} has no int64 form")
 
 
+def _fits(count: int) -> None:
+    if ARGS + count > ROW:
+        raise TypeError(f"{count} flattened kernel arguments do not fit a job row")
+
+
 def flat_kind(ty: Any) -> bool:
     """Whether a kernel argument of Numba type ``ty`` can travel in a job row: arrays
     (their buffer stays owned by the caller) and plain scalars."""
@@ -114,8 +119,7 @@ def _store_flat(typingctx: Any, row: Any, args: Any) -> Any:
                 ary.parent = cgutils.get_null_value(ary.parent.type)
                 vals[i] = ary._getvalue()
         flat = context.get_arg_packer(tupty.types).as_arguments(builder, vals)
-        if ARGS + len(flat) > ROW:
-            raise TypeError(f"{len(flat)} flattened kernel arguments do not fit a job row")
+        _fits(len(flat))
         arr = context.make_array(rowty)(context, builder, a[0])
         base = builder.gep(arr.data, [ir.Constant(_I64, ARGS)])
         for i, v in enumerate(flat):
@@ -170,6 +174,15 @@ def post(box: np.ndarray, row: np.ndarray, slot: int, tramp: int, fn: int) -> in
     box[2] = 0  # the cores are the pool's again
     store(box, 1, (seq << 8) | slot)
     return seq
+
+
+@njit(cache=True, nogil=True)
+def publish(box: np.ndarray, row: np.ndarray, slot: int, tramp: int, fn: int,
+            *args: Any) -> int:
+    """:func:`pack` then :func:`post` in one call (the pool's per-kernel path);
+    returns the post number."""
+    _store_flat(row, args)  # type: ignore[call-arg]
+    return post(box, row, slot, tramp, fn)
 
 
 @njit(cache=True, nogil=True)
@@ -239,6 +252,20 @@ def serve(box: np.ndarray, rows: np.ndarray, last: int, budget: int, gap: int,
         _relax()
 
 
+def entry_of(cres: Any) -> tuple[int, int] | None:
+    """(native function address, trampoline address) of a compiled parallel kernel (a
+    Numba compile result), for the pool to run it as a row; None where it returns a
+    value or takes an argument that has no flat int64 form."""
+    if cres.signature.return_type != types.none or not all(
+            flat_kind(t) for t in cres.signature.args):
+        return None
+    try:
+        tramp = trampoline(tuple(cres.signature.args))
+    except TypeError:
+        return None
+    return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)), tramp
+
+
 _TRAMPS: dict[tuple[Any, ...], tuple[Any, int]] = {}
 _TRAMP_LOCK = threading.Lock()
 
@@ -256,8 +283,7 @@ def trampoline(argtypes: tuple[Any, ...]) -> int:
             return got[1]
         ctx = cpu_target.target_context
         flat = list(ctx.get_arg_packer(argtypes).argument_types)
-        if ARGS + len(flat) > ROW:
-            raise TypeError(f"{len(flat)} flattened kernel arguments do not fit a job row")
+        _fits(len(flat))
         fnty = ctx.call_conv.get_function_type(types.none, argtypes)
         name = f"fucina_job_tramp_{len(_TRAMPS)}"
         lib = ctx.codegen().create_library(name)

@@ -46,7 +46,7 @@ import numpy as np
 from numba.np.ufunc import parallel as _parallel
 
 from .atomics import wait_done
-from .native_jobs import ROW, STATUS, close, count, drive, pack, post, run_row, serve
+from .native_jobs import ROW, STATUS, close, count, drive, publish, run_row, serve
 from .spin import POSTED, PREEMPTED, read_cycles
 
 __all__ = ["CHUNKS_PER_THREAD", "SPIN_US", "lend_cores", "quiet", "run"]
@@ -318,9 +318,8 @@ def run(entry: Callable[..., None], n: int, args: Sequence[Any],
     if native is not None and job.slot >= 0 and NATIVE_JOBS:
         ring = job.ring
         row = ring.rows[job.slot]
-        pack(row, ctl, nch, *args)
         job.row = row
-        job.seq = post(ring.box, row, job.slot, native[1], native[0])
+        job.seq = publish(ring.box, row, job.slot, native[1], native[0], ctl, nch, *args)
         for _ in range(threads - 1 - int(ring.box[3])):  # workers asleep: wake them
             pool.jobs.put(job)
         while not drive(row, ctl, nch, _SPINS):  # a chunk still running on a worker
