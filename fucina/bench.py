@@ -9,7 +9,9 @@ goes to stderr as cases run. Every run is saved as JSON (by default under
 matplotlib is installed (the ``plot`` extra), a PNG of the ratios beside it;
 ``--compare A B`` compares two saved runs; ``--busy N`` runs the suite under
 load, with N helper processes spinning on a core each (recorded as
-``busy_procs``). Times are the minimum over repeats of the mean over a batch
+``busy_procs``); ``--paired-load N`` times every repeat twice, quiet and with N
+helpers spinning, and reports each row's loaded/quiet ratio (recorded as
+``paired_load``). Times are the minimum over repeats of the mean over a batch
 of calls; the machine may be shared and noisy, so compare ratios from one run
 rather than absolute times across runs.
 """
@@ -35,7 +37,7 @@ import numpy as np
 
 import fucina as F
 
-from .bench_busy import busy_processes
+from .bench_busy import busy_processes, load_ratios, load_table, paired_load
 from .bench_dispatch import dispatch_cases
 
 try:  # torch is an optional comparison point
@@ -49,6 +51,9 @@ IMPLS = ("eager", "compiled", "numpy", "torch")
 RESULTS_DIR = Path("bench-results")
 #: Progress lines go to stderr while this is set (the command line sets it).
 PROGRESS: list[bool] = [False]
+#: While set (``--paired-load``), best_time also times each repeat under this load
+#: (a :class:`fucina.bench_busy.PausedLoad`).
+LOAD: list[Any] = [None]
 
 
 @dataclass
@@ -69,34 +74,48 @@ class Case:
                   flush=True)
 
     def spread(self) -> dict[str, dict[str, float]]:
-        """min/median/max seconds per call for each implementation timed by best_time."""
-        return {k: {"min": float(v), "median": v.median, "max": v.max}
-                for k in IMPLS if isinstance(v := getattr(self, k), Timing)}
+        """min/median/max seconds per call for each implementation timed by best_time
+        (and ``busy_min``/``busy_median``/``busy_max`` for the paired loaded repeats)."""
+        out = {}
+        for k in IMPLS:
+            if isinstance(v := getattr(self, k), Timing):
+                out[k] = {"min": float(v), "median": v.median, "max": v.max}
+                if v.busy is not None:
+                    out[k].update(busy_min=float(v.busy), busy_median=v.busy.median,
+                                  busy_max=v.busy.max)
+        return out
 
 
 class Timing(float):
-    """Seconds per call (the minimum over repeats) that also carries the median and max."""
+    """Seconds per call (the minimum over repeats) that also carries the median and max,
+    and with ``--paired-load`` the same under load (``busy``, a Timing)."""
 
     median: float
     max: float
+    busy: Timing | None = None
 
-    def __new__(cls, samples: list[float]) -> Timing:
+    def __new__(cls, samples: list[float], busy: Timing | None = None) -> Timing:
         t = super().__new__(cls, min(samples))
         t.median = statistics.median(samples)
         t.max = max(samples)
+        t.busy = busy
         return t
 
     def __reduce__(self) -> tuple[Any, ...]:  # copies (dataclasses.asdict) keep the spread
-        return (_timing, (float(self), self.median, self.max))
+        return (_timing, (float(self), self.median, self.max, self.busy))
 
 
-def _timing(lo: float, med: float, hi: float) -> Timing:
-    return Timing([lo, med, hi])
+def _timing(lo: float, med: float, hi: float, busy: Timing | None = None) -> Timing:
+    return Timing([lo, med, hi], busy)
 
 
 def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) -> Timing:
     """Minimum over ``repeats`` of the mean time per call (seconds), with the median
-    and maximum of the repeats attached (:class:`Timing`)."""
+    and maximum of the repeats attached (:class:`Timing`).
+
+    Under ``--paired-load`` (:data:`LOAD` set) each quiet repeat is followed by one
+    with the helper processes spinning, attached as the Timing's ``busy``.
+    """
     fn()
     t = timeit.Timer(fn)
     n, elapsed = 1, 0.0
@@ -105,7 +124,15 @@ def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) ->
         if elapsed >= min_time / repeats or n >= 1 << 20:
             break
         n *= 2 if elapsed == 0 else max(2, int(min_time / repeats / max(elapsed, 1e-9)))
-    return Timing([r / n for r in t.repeat(repeats, n)])
+    load = LOAD[0]
+    if load is None:
+        return Timing([r / n for r in t.repeat(repeats, n)])
+    quiet, busy = [], []
+    for _ in range(repeats):
+        quiet.append(t.timeit(n) / n)
+        with load.running():
+            busy.append(t.timeit(n) / n)
+    return Timing(quiet, Timing(busy))
 
 
 def _chain_case(n: int, quick: bool) -> Case:
@@ -899,9 +926,10 @@ def _numpy_blas_name() -> str:
         return "unknown (install threadpoolctl)"
 
 
-def conditions(busy_procs: int = 0) -> dict[str, Any]:
+def conditions(busy_procs: int = 0, paired: int = 0) -> dict[str, Any]:
     """The machine and library versions a run was made under (``busy_procs``: spinning
-    helper processes started for the run, ``--busy``)."""
+    helper processes started for the run, ``--busy``; ``paired``: helpers spinning in
+    every other repeat, ``--paired-load``)."""
     import numba
 
     info = {"python": platform.python_version(), "machine": platform.machine(),
@@ -910,7 +938,7 @@ def conditions(busy_procs: int = 0) -> dict[str, Any]:
             "numpy": np.__version__, "numba": numba.__version__,
             "fucina": F.__version__, "threading_layer": F.internal.threading_layer(),
             "threads": numba.get_num_threads(),
-            "blas": blas_core(), "busy_procs": busy_procs,
+            "blas": blas_core(), "busy_procs": busy_procs, "paired_load": paired,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch is not None:
         info["torch"] = torch.__version__
@@ -931,11 +959,14 @@ def header(cond: dict[str, Any]) -> str:
         f"library kernels on numba {cond['threading_layer']}"
         + (f", torch threads {cond['torch_threads']}" if "torch_threads" in cond else ""),
         f"BLAS: {cond['blas']}",
-        f"load: {_load_text(cond.get('busy_procs', 0))}",
+        f"load: {_load_text(cond.get('busy_procs', 0), cond.get('paired_load', 0))}",
         f"versions: {versions}"])
 
 
-def _load_text(busy: int) -> str:
+def _load_text(busy: int, paired: int = 0) -> str:
+    if paired:
+        return (f"{paired} helper process{'es' if paired > 1 else ''} spinning in every "
+                f"other repeat (--paired-load): each row timed quiet and loaded")
     if not busy:
         return "no helper processes (--busy 0)"
     return f"{busy} spinning helper process{'es' if busy > 1 else ''} during the run (--busy)"
@@ -1058,9 +1089,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--busy", type=int, default=0, metavar="N",
                    help="run under load: N helper processes spin on a core each for the "
                         "whole run (default 0)")
+    p.add_argument("--paired-load", type=int, default=0, metavar="N",
+                   help="time every repeat twice, quiet and with N helper processes spinning "
+                        "(paused in between), and report each row's loaded/quiet ratio")
     args = p.parse_args(argv)
-    if args.busy < 0:
-        p.error("--busy needs N >= 0")
+    if args.busy < 0 or args.paired_load < 0:
+        p.error("--busy and --paired-load need N >= 0")
+    if args.busy and args.paired_load:
+        p.error("--busy and --paired-load exclude each other")
     if args.compare:
         a, b = (json.loads(f.read_text()) for f in args.compare)
         text, data = compare(a, b)
@@ -1070,12 +1106,14 @@ def main(argv: list[str] | None = None) -> int:
         if png is not None:
             print(f"plot: {png}", file=sys.stderr)
         return 0
-    cond = conditions(args.busy)
+    cond = conditions(args.busy, args.paired_load)
     if not args.json:
         print(header(cond), flush=True)
     PROGRESS[0] = True
     try:
-        with busy_processes(args.busy):  # ended on any exit, Ctrl-C included
+        # helpers are ended on any exit, Ctrl-C included
+        with busy_processes(args.busy), paired_load(args.paired_load) as load:
+            LOAD[0] = load if args.paired_load else None
             if args.models_only:
                 cases = _model_cases(args.dask_sentences)
             else:
@@ -1086,6 +1124,7 @@ def main(argv: list[str] | None = None) -> int:
                 quick=args.quick, torch_compile=not args.no_torch_compile)
     finally:
         PROGRESS[0] = False
+        LOAD[0] = None
     doc = to_json(cases, cond)
     if training:
         doc["training"] = to_json(training, cond)["cases"]
@@ -1099,6 +1138,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\ntraining steps (zero_grad + forward + backward + optimizer step; "
                   "fucina compiled = the whole step in one program; torch.compile = the model)")
             print(table(training))
+        if args.paired_load:
+            print(f"\nloaded / quiet (--paired-load {args.paired_load}; paired repeats, "
+                  "min and median)")
+            print(load_table(cases + training, IMPLS))
     if not args.no_save:
         path = save(doc, args.out)
         print(f"saved: {path}", file=sys.stderr)
@@ -1106,8 +1149,17 @@ def main(argv: list[str] | None = None) -> int:
                    "time of each implementation over fucina's (> 1: fucina is faster)")
         if png is not None:
             print(f"plot: {png}", file=sys.stderr)
+        if args.paired_load:
+            png = plot(load_ratios(cases + training, IMPLS), path.with_suffix(".load.png"),
+                       "loaded time over quiet time, paired repeats (> 2: target 8 missed)")
+            if png is not None:
+                print(f"plot: {png}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the imported module's main, not this __main__ copy: the row modules import
+    # fucina.bench, so its PROGRESS and LOAD are the switches their rows read.
+    from fucina.bench import main as _main
+
+    raise SystemExit(_main())

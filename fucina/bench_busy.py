@@ -1,15 +1,22 @@
-"""Load for ``python -m fucina.bench --busy N``: helper processes that spin on a core.
+"""Load for ``python -m fucina.bench``: helper processes that spin on a core.
 
 Each helper is a pure-Python busy loop in its own process (``multiprocessing``),
 the "second process spinning on one core" a shared machine has. They run for
-the duration of a ``with busy_processes(n):`` block and are always ended when
-it exits, by an exception or Ctrl-C included. A helper also ends by itself
-once the process that started it is gone (killed without running its
-cleanup), so none is left spinning.
+the duration of a ``with busy_processes(n):`` block (``--busy N``) and are
+always ended when it exits, by an exception or Ctrl-C included. A helper also
+ends by itself once the process that started it is gone (killed without
+running its cleanup), so none is left spinning.
+
+``--paired-load N`` (:func:`paired_load`) keeps the helpers paused (SIGSTOP)
+and lets them spin only while a repeat is timed under load, so every row gets
+a quiet and a loaded time from the same minutes of the same run: a shared
+host drifts by tens of percent between two whole runs, which buried the
+loaded/quiet ratio of a ``--busy`` run compared with a separate quiet one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -23,9 +30,18 @@ from typing import Any
 _CHECK_EVERY = 2_000_000
 
 
+#: prctl's PR_SET_PDEATHSIG (Linux): a signal the kernel sends when the parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
 def _spin(parent: int, ready: Any) -> None:
     # Ctrl-C reaches the whole process group: the parent ends us, quietly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):  # a paused (stopped) helper cannot check its parent
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
     ready.set()
     while True:
         for _ in range(_CHECK_EVERY):
@@ -79,3 +95,111 @@ def _stop(procs: list[Any]) -> None:
         if p.is_alive():  # ignored SIGTERM: no choice left
             p.kill()
             p.join()
+
+
+class PausedLoad:
+    """Helper processes that spin only inside :meth:`running` (SIGCONT / SIGSTOP)."""
+
+    #: Seconds to let resumed helpers reach a core before the timed calls start.
+    SETTLE = 0.002
+
+    def __init__(self, procs: list[Any]) -> None:
+        self.procs = procs
+        self.spinning = True
+
+    def pause(self) -> None:
+        """Stop every helper (SIGSTOP): the machine is quiet again."""
+        self._signal(signal.SIGSTOP)
+        self.spinning = False
+
+    def resume(self) -> None:
+        """Let every helper spin again (SIGCONT)."""
+        self._signal(signal.SIGCONT)
+        self.spinning = True
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """The helpers spin while the block runs and are paused after it, however it exits."""
+        self.resume()
+        time.sleep(self.SETTLE)
+        try:
+            yield
+        finally:
+            self.pause()
+
+    def _signal(self, sig: int) -> None:
+        for p in self.procs:
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, sig)
+
+
+@contextmanager
+def paired_load(n: int) -> Iterator[PausedLoad]:
+    """``n`` helper processes, started paused; yields the switch (:class:`PausedLoad`).
+
+    They are resumed before they are ended (a stopped process would hold a
+    SIGTERM until it ran again), and on Linux the kernel kills them if this
+    process dies while they are paused.
+    """
+    if n and not hasattr(signal, "SIGSTOP"):
+        raise RuntimeError("paired load needs SIGSTOP and SIGCONT (a POSIX system)")
+    with busy_processes(n) as procs:
+        load = PausedLoad(procs)
+        load.pause()
+        try:
+            yield load
+        finally:
+            load.resume()
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:6.2f}x"
+
+
+def _paired(case: Any, impl: str) -> tuple[Any, Any] | None:
+    """A row's quiet timing of ``impl`` and its loaded twin, or None when not paired."""
+    t = getattr(case, impl, None)
+    busy = getattr(t, "busy", None)
+    if t is None or busy is None or not float(t):
+        return None
+    return t, busy
+
+
+def load_ratios(cases: list[Any], impls: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Per row and implementation, the loaded time over the quiet one (min over repeats
+    each) for every timing that has a loaded twin (``.busy``, set by paired timing)."""
+    out: dict[str, dict[str, float]] = {}
+    for c in cases:
+        r = {k: float(p[1]) / float(p[0]) for k in impls if (p := _paired(c, k)) is not None}
+        if r:
+            out[c.name] = r
+    return out
+
+
+def load_table(cases: list[Any], impls: tuple[str, ...], limit: float = 2.0) -> str:
+    """Loaded over quiet per row (min and median over the paired repeats), then the rows
+    whose fucina time (compiled, else eager) rose above ``limit`` times by median."""
+    head = f"{'case':44} " + " ".join(f"{k + ' min/med':>19}" for k in impls)
+    lines = [head, "-" * len(head)]
+    worst: list[tuple[float, str]] = []
+    counted = 0
+    for c in cases:
+        pairs = {k: p for k in impls if (p := _paired(c, k)) is not None}
+        if not pairs:
+            continue
+        cells = [f"{'-':>19}" if k not in pairs else
+                 f"{_fmt_ratio(float(pairs[k][1]) / float(pairs[k][0]))} "
+                 f"{_fmt_ratio(pairs[k][1].median / pairs[k][0].median):>8}".rjust(19)
+                 for k in impls]
+        lines.append(f"{c.name:44} " + " ".join(cells))
+        key = "compiled" if getattr(c, "compiled", None) is not None else "eager"
+        if key in pairs:
+            counted += 1
+            t, busy = pairs[key]
+            if busy.median / t.median > limit:
+                worst.append((busy.median / t.median, c.name))
+    worst.sort(reverse=True)
+    lines.append(f"fucina rows (compiled, else eager) above {limit:g}x their quiet time by "
+                 f"median: {len(worst)} of {counted}"
+                 + ("" if not worst else ": " + "; ".join(f"{n} {r:.2f}x" for r, n in worst)))
+    return "\n".join(lines)

@@ -188,3 +188,110 @@ def test_main_busy_runs_the_suite_under_spinning_helpers(monkeypatch, capsys, tm
         bench.main(["--busy", "1", "--no-training", "--no-save"])
     assert len(seen[1]) == 1 and not _alive(seen[1][0])
     assert bench.conditions()["busy_procs"] == 0
+
+
+def test_paired_load_helpers_spin_only_inside_running_and_are_gone_after():
+    import time
+
+    from fucina.bench_busy import paired_load
+
+    with paired_load(1) as load:
+        pid = load.procs[0].pid
+        assert not load.spinning
+        cpu0 = _cpu_seconds(pid)
+        time.sleep(0.3)
+        paused = None if cpu0 is None else _cpu_seconds(pid) - cpu0
+        with load.running():
+            assert load.spinning
+            cpu1 = _cpu_seconds(pid)
+            time.sleep(0.3)
+            spun = None if cpu1 is None else _cpu_seconds(pid) - cpu1
+        assert not load.spinning
+    assert not _alive(pid)
+    if paused is not None:  # /proc: CPU burnt only while running
+        assert paused < 0.05 and spun > 0.1
+    with pytest.raises(KeyboardInterrupt), paired_load(1) as load:
+        pid = load.procs[0].pid
+        raise KeyboardInterrupt  # Ctrl-C while the helper is paused
+    assert not _alive(pid)
+
+
+class _CountingLoad:
+    def __init__(self):
+        self.events = []
+
+    def running(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def block():
+            self.events.append("on")
+            yield
+            self.events.append("off")
+
+        return block()
+
+
+def test_best_time_pairs_every_quiet_repeat_with_a_loaded_one(monkeypatch):
+    load = _CountingLoad()
+    monkeypatch.setattr(bench, "LOAD", [load])
+    calls = []
+    t = bench.best_time(lambda: calls.append(1), 0.001, repeats=3)
+    assert load.events == ["on", "off"] * 3
+    assert isinstance(t.busy, bench.Timing) and t.busy > 0 and t > 0
+    case = bench.Case("row", compiled=t)
+    spread = case.spread()["compiled"]
+    assert spread["busy_min"] == float(t.busy) and spread["busy_median"] == t.busy.median
+    doc = bench.to_json([case], {})
+    assert doc["cases"][0]["spread"]["compiled"]["busy_max"] == t.busy.max
+    monkeypatch.setattr(bench, "LOAD", [None])
+    assert bench.best_time(lambda: None, 0.001, repeats=2).busy is None
+
+
+def test_load_table_names_the_rows_above_twice_their_quiet_time():
+    from fucina.bench_busy import load_ratios, load_table
+
+    def timing(quiet, busy):
+        return bench.Timing([quiet] * 3, bench.Timing([busy] * 3))
+
+    cases = [bench.Case("fine", compiled=timing(1.0, 1.5), torch=timing(1.0, 3.0)),
+             bench.Case("slow", compiled=timing(1.0, 2.5)),
+             bench.Case("eager only", eager=timing(2.0, 5.0)),
+             bench.Case("unpaired", compiled=bench.Timing([1.0]))]
+    text = load_table(cases, bench.IMPLS)
+    assert "2 of 3: slow 2.50x; eager only 2.50x" in text
+    assert "unpaired" not in text
+    assert load_ratios(cases, bench.IMPLS) == {"fine": {"compiled": 1.5, "torch": 3.0},
+                                               "slow": {"compiled": 2.5},
+                                               "eager only": {"eager": 2.5}}
+
+
+def test_main_paired_load_reports_loaded_over_quiet(monkeypatch, capsys, tmp_path):
+    def fake_suite(**kw):
+        assert bench.LOAD[0] is not None and not bench.LOAD[0].spinning
+        return [bench.Case("row", compiled=bench.best_time(lambda: sum(range(100)), 0.01, 2))]
+
+    monkeypatch.setattr(bench, "run_suite", fake_suite)
+    out = tmp_path / "paired.json"
+    assert bench.main(["--paired-load", "1", "--no-training", "--out", str(out)]) == 0
+    assert bench.LOAD[0] is None
+    doc = json.loads(out.read_text())
+    assert doc["conditions"]["paired_load"] == 1
+    assert "busy_median" in doc["cases"][0]["spread"]["compiled"]
+    text = capsys.readouterr().out
+    assert "--paired-load" in text and "above 2x their quiet time" in text
+    with pytest.raises(SystemExit):
+        bench.main(["--paired-load", "1", "--busy", "1", "--no-save"])
+
+
+@pytest.mark.filterwarnings("ignore:'fucina.bench' found in sys.modules")  # runpy re-runs it
+def test_module_entry_runs_the_imported_modules_main(monkeypatch):
+    import runpy
+
+    seen = []
+    monkeypatch.setattr(bench, "main", lambda argv=None: seen.append(argv) or 0)
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("fucina.bench", run_name="__main__")
+    # The row modules read fucina.bench's PROGRESS and LOAD; a __main__ copy's
+    # switches would leave their rows without progress lines or paired timing.
+    assert seen == [None] and exc.value.code == 0
