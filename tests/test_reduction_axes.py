@@ -190,3 +190,20 @@ def test_loop_order_and_exp_once_are_chosen_by_layout(ctx, monkeypatch):
     k = cg.stored_value(sm[0])
     assert k is not None and "exp" in sm[0].steps[k].expr
     assert cg.generate(sm[0]).count("sf.exp(") == 1
+
+
+def test_swapped_lane_rows_are_allocated_once_per_call(ctx, monkeypatch):
+    # Allocated per block, the lane rows of a leading-axis sum were an allocation of
+    # up to 256 KB per block; the kernel now allocates them before its chunk loop.
+    monkeypatch.setattr(program, "PARALLEL_MIN", 1)  # the parallel form at a small size
+    v = _values("f32", (5, 4, cg.SWAP_MAX + 31))  # blocks of SWAP_MAX and of 4 * 2079 % it
+    x = F.Tensor(*TAGS).from_slice(ctx, v.shape, v)
+    fast = F.compile(lambda t: t.mean("a"))
+    got = fast(x).numpy()
+    np.testing.assert_allclose(got, v.astype(np.float64).mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got, x.mean("a").numpy())
+    (kernel,) = fast.kernels(x)
+    body = kernel.source.split("def kernel(", 1)[1]
+    assert "for kb in range(c0, c1)" in body  # the parallel swapped form
+    assert body.count("np.empty(") == 1
+    assert body.index("np.empty(") < body.index("while True:")
