@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .bench import LOAD, Timing
 from .models import bert
 
 CORPUS = [
@@ -161,15 +162,26 @@ class TorchBert:
         return out
 
 
-def best_of(fn: Any, repeats: int) -> float:
-    """Best wall-clock seconds of ``repeats`` calls after one warm-up call."""
+def best_of(fn: Any, repeats: int) -> Timing:
+    """Best wall-clock seconds of ``repeats`` calls after one warm-up call (a
+    :class:`fucina.bench.Timing`: the median and max ride along). Under
+    ``--paired-load`` each call is followed by one under load (the Timing's ``busy``)."""
     fn()  # warm: compiles, caches
-    best = math.inf
+    load = LOAD[0]
+    quiet: list[float] = []
+    busy: list[float] = []
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+        quiet.append(_wall(fn))
+        if load is not None:
+            with load.running():
+                busy.append(_wall(fn))
+    return Timing(quiet, Timing(busy) if busy else None)
+
+
+def _wall(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def minilm_case(case_type: Any, repeats: int = 3) -> Any:

@@ -295,3 +295,19 @@ def test_module_entry_runs_the_imported_modules_main(monkeypatch):
     # The row modules read fucina.bench's PROGRESS and LOAD; a __main__ copy's
     # switches would leave their rows without progress lines or paired timing.
     assert seen == [None] and exc.value.code == 0
+
+
+def test_model_rows_time_each_call_quiet_and_loaded():
+    from fucina import bench_bert
+
+    load = _CountingLoad()
+    calls = []
+    bench.LOAD[0] = load  # the list both modules share (bench_bert imported it by name)
+    try:
+        t = bench_bert.best_of(lambda: calls.append(1), 3)
+    finally:
+        bench.LOAD[0] = None
+    assert len(calls) == 1 + 3 + 3 and load.events == ["on", "off"] * 3
+    assert isinstance(t.busy, bench.Timing) and t <= t.median <= t.max
+    t = bench_bert.best_of(lambda: calls.append(1), 2)
+    assert t.busy is None and len(calls) == 7 + 3

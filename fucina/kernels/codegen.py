@@ -650,7 +650,6 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
     w(depth, f"kl = min({blk}, n{last} - k{last})")
     _bases(spec, w, operands, depth)
     kept = [k for k, st in enumerate(steps) if st.level == "kept"]
-    lane_counts = sorted({LANES[steps[k].dtype] for k in kept if lane_reduction(steps[k])})
     axes = list(range(nk, nk + nr)) + [last]
     loops = [f"r{a}" for a in range(nr)] + ["j"]
 
