@@ -1151,7 +1151,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plot: {png}", file=sys.stderr)
         if args.paired_load:
             png = plot(load_ratios(cases + training, IMPLS), path.with_suffix(".load.png"),
-                       "loaded time over quiet time, paired repeats (> 2: target 8 missed)")
+                       "loaded over quiet time, medians of paired repeats (> 2: target 8 missed)")
             if png is not None:
                 print(f"plot: {png}", file=sys.stderr)
     return 0

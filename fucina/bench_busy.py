@@ -152,8 +152,8 @@ def paired_load(n: int) -> Iterator[PausedLoad]:
             load.resume()
 
 
-def _fmt_ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:6.2f}x"
+def _fmt_ratio(x: float) -> str:
+    return f"{x:6.2f}x"
 
 
 def _paired(case: Any, impl: str) -> tuple[Any, Any] | None:
@@ -166,11 +166,12 @@ def _paired(case: Any, impl: str) -> tuple[Any, Any] | None:
 
 
 def load_ratios(cases: list[Any], impls: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    """Per row and implementation, the loaded time over the quiet one (min over repeats
-    each) for every timing that has a loaded twin (``.busy``, set by paired timing)."""
+    """Per row and implementation, the loaded time over the quiet one (medians over the
+    paired repeats, as :func:`load_table` judges them) for every timing that has a loaded
+    twin (``.busy``, set by paired timing)."""
     out: dict[str, dict[str, float]] = {}
     for c in cases:
-        r = {k: float(p[1]) / float(p[0]) for k in impls if (p := _paired(c, k)) is not None}
+        r = {k: p[1].median / p[0].median for k in impls if (p := _paired(c, k)) is not None}
         if r:
             out[c.name] = r
     return out
