@@ -675,3 +675,44 @@ def test_one_gemm_lane_only_for_a_lone_product(ctx):
             np.testing.assert_array_equal(f(*args).numpy(), fn(*args).numpy())
         (route,) = f._lane.table.values()
         assert (route.gemm is not None) is lone
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 8), (3, 1, 5), (40, 70, 30)])
+def test_fast_dots_give_ieee_results_without_numpy_errors(ctx, shape):
+    # An inf times a zero is NaN, a defined value here as in a program: the eager fast
+    # dot and the compiled one-GEMM lane made numpy warn ("invalid value encountered in
+    # dot"), and raise under np.seterr(all="raise"), where the normal paths did neither.
+    m, k, n = shape
+    x, w = arr(m, k), np.zeros((k, n), np.float32)
+    x[0, 0], x[-1, -1] = np.inf, np.nan
+    a = F.Tensor("m", "k").from_numpy(ctx, x)
+    b = F.Tensor("k", "n").from_numpy(ctx, w)
+    f = F.compile(lambda p, q: p.dot(q, "k"))
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float64) @ w.astype(np.float64)
+    before = np.geterr()
+    with np.errstate(all="raise"):
+        eager = [a.dot(b, "k").numpy() for _ in range(3)]  # normal path, then the fast one
+        compiled = [f(a, b).numpy() for _ in range(3)]
+        assert np.geterr()["invalid"] == "raise"  # the caller's state comes back
+    assert np.geterr() == before
+    for got in eager + compiled:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-6)
+    assert np.isnan(eager[-1][0]).all() and np.isnan(compiled[-1][-1]).all()
+
+
+def test_error_state_switch_restores_the_callers_state():
+    from fucina.runtime import ieee
+
+    for state, ignore in ((ieee.FP_STATE, ieee.FP_IGNORE), (ieee._Seterr(), None)):
+        with np.errstate(divide="raise", over="warn", invalid="call", under="ignore"):
+            np.seterrcall(lambda *a: None)
+            before = np.geterr()
+            token = state.set(ignore)
+            try:
+                assert set(np.geterr().values()) == {"ignore"}
+                assert np.float32(1.0) / np.float32(0.0) == np.inf  # no FloatingPointError
+            finally:
+                state.reset(token)
+            assert np.geterr() == before

@@ -28,6 +28,7 @@ from ..ir.execute import TRACING, _local
 from ..ir.graph import Node
 from ..kernels import batched_gemm, blas_threads
 from ..runtime.context import SCOPES_OPEN
+from ..runtime.ieee import FP_IGNORE, FP_STATE
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
 
@@ -366,12 +367,17 @@ def dot(self: Any, other: Any, contract: Any) -> Any:
     last = b.last
     B = last[2] if last is not None and last[0] is bb and last[1] == ob else b.view(bb, ob)
     small = f.small
-    if f.fresh:  # the product's own fresh result (the same BLAS call as with out=)
-        out = f.gemm(A, B).reshape(-1)
-    else:
-        dt = f.np_dtype
-        out = np.empty(f.count, dt) if small else POOL.take(dt, f.count)
-        f.gemm(A, B, out.reshape(f.out_shape))
+    # inf and NaN operands give IEEE results without numpy's warnings, as in a program
+    token = FP_STATE.set(FP_IGNORE)
+    try:
+        if f.fresh:  # the product's own fresh result (the same BLAS call as with out=)
+            out = f.gemm(A, B).reshape(-1)
+        else:
+            dt = f.np_dtype
+            out = np.empty(f.count, dt) if small else POOL.take(dt, f.count)
+            f.gemm(A, B, out.reshape(f.out_shape))
+    finally:
+        FP_STATE.reset(token)
     return result(f.cls, ctx, out, small, f.dtype, f.shape, f.strides, 0, "contract",
                   f.attrs.copy(), f.tags)
 
