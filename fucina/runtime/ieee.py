@@ -45,6 +45,8 @@ def _state() -> tuple[Any, Any]:
     var = getattr(_ufunc_config, "_extobj_contextvar", None)
     if var is None:  # pragma: no cover - a numpy that moved it
         return _Seterr(), None
+    # (The state also holds numpy's buffer size and error callback, as at import:
+    # neither reaches a BLAS call.)
     with np.errstate(all="ignore"):
         return var, var.get()
 
