@@ -7,7 +7,8 @@ min/median/max over repeats, and the ratios against fucina compiled. Progress
 goes to stderr as cases run. Every run is saved as JSON (by default under
 ``bench-results/<timestamp>.json``; ``--out`` picks the file) with, when
 matplotlib is installed (the ``plot`` extra), a PNG of the ratios beside it;
-``--compare A B`` compares two saved runs; ``--busy N`` runs the suite under
+``--compare A B`` compares two saved runs (two ``--paired-load`` runs also by
+their loaded/quiet ratios); ``--busy N`` runs the suite under
 load, with N helper processes spinning on a core each (recorded as
 ``busy_procs``); ``--paired-load N`` times every repeat twice, quiet and with N
 helpers spinning, and reports each row's loaded/quiet ratio (recorded as
@@ -37,7 +38,7 @@ import numpy as np
 
 import fucina as F
 
-from .bench_busy import busy_processes, load_ratios, load_table, paired_load
+from .bench_busy import busy_processes, load_compare, load_ratios, load_table, paired_load
 from .bench_dispatch import dispatch_cases
 
 try:  # torch is an optional comparison point
@@ -1101,6 +1102,9 @@ def main(argv: list[str] | None = None) -> int:
         a, b = (json.loads(f.read_text()) for f in args.compare)
         text, data = compare(a, b)
         print(text)
+        loaded = load_compare(a, b)  # both runs made with --paired-load
+        if loaded:
+            print(f"\n{loaded}")
         png = plot(data, args.compare[1].with_suffix(".compare.png"),
                    f"time B/A: {args.compare[1].name} over {args.compare[0].name}")
         if png is not None:

@@ -204,3 +204,34 @@ def load_table(cases: list[Any], impls: tuple[str, ...], limit: float = 2.0) -> 
                  f"median: {len(worst)} of {counted}"
                  + ("" if not worst else ": " + "; ".join(f"{n} {r:.2f}x" for r, n in worst)))
     return "\n".join(lines)
+
+
+def _doc_load(row: dict[str, Any]) -> float | None:
+    """A saved row's loaded/quiet median ratio for fucina (compiled, else eager), or None
+    when that timing was not paired."""
+    spread = row.get("spread", {})
+    st = spread.get("compiled") or spread.get("eager") or {}
+    if "busy_median" not in st or not st.get("median"):
+        return None
+    return float(st["busy_median"]) / float(st["median"])
+
+
+def load_compare(a: dict[str, Any], b: dict[str, Any], limit: float = 2.0) -> str:
+    """Fucina's loaded/quiet ratio (medians) per row in two saved ``--paired-load`` runs,
+    side by side, and how many rows of each rose above ``limit``; "" when either run
+    holds no paired row."""
+    rows_a = {r["name"]: r for r in a.get("cases", []) + a.get("training", [])}
+    lines, above = [], [0, 0]
+    for rb in b.get("cases", []) + b.get("training", []):
+        ra = rows_a.get(rb["name"])
+        la, lb = (None if ra is None else _doc_load(ra)), _doc_load(rb)
+        if la is None or lb is None:
+            continue
+        above[0] += la > limit
+        above[1] += lb > limit
+        lines.append(f"{rb['name']:44} {la:9.2f}x {lb:9.2f}x")
+    if not lines:
+        return ""
+    head = f"{'case (fucina loaded / quiet, medians)':44} {'A':>10} {'B':>10}"
+    return "\n".join([head, "-" * len(head), *lines,
+                      f"rows above {limit:g}x: A {above[0]}, B {above[1]} of {len(lines)}"])

@@ -311,3 +311,24 @@ def test_model_rows_time_each_call_quiet_and_loaded():
     assert isinstance(t.busy, bench.Timing) and t <= t.median <= t.max
     t = bench_bert.best_of(lambda: calls.append(1), 2)
     assert t.busy is None and len(calls) == 7 + 3
+
+
+def test_compare_of_two_paired_runs_lines_up_their_load_ratios(capsys, tmp_path):
+    from fucina.bench_busy import load_compare
+
+    def run(loads):
+        cases = [bench.Case(name, compiled=bench.Timing([1.0] * 3, bench.Timing([r] * 3)))
+                 for name, r in loads.items()]
+        cases.append(bench.Case("unpaired", compiled=bench.Timing([1.0])))
+        return bench.to_json(cases, {"date": "d", "cpu": "c"})
+
+    a = run({"row": 1.5, "slow": 2.5, "only in a": 3.0})
+    b = run({"row": 1.25, "slow": 1.75})
+    text = load_compare(a, b)
+    assert "rows above 2x: A 1, B 0 of 2" in text
+    assert "1.50x      1.25x" in text and "unpaired" not in text and "only in a" not in text
+    plain = bench.to_json([bench.Case("row", compiled=bench.Timing([1.0]))], {})
+    assert load_compare(plain, b) == "" and load_compare(a, plain) == ""
+    pa, pb = bench.save(a, tmp_path / "a.json"), bench.save(b, tmp_path / "b.json")
+    assert bench.main(["--compare", str(pa), str(pb)]) == 0
+    assert "rows above 2x: A 1, B 0 of 2" in capsys.readouterr().out
