@@ -125,15 +125,22 @@ def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) ->
         if elapsed >= min_time / repeats or n >= 1 << 20:
             break
         n *= 2 if elapsed == 0 else max(2, int(min_time / repeats / max(elapsed, 1e-9)))
+    return paired_samples(lambda: t.timeit(n) / n, repeats)
+
+
+def paired_samples(sample: Callable[[], float], repeats: int) -> Timing:
+    """``repeats`` samples (seconds per call) as a :class:`Timing`; under
+    ``--paired-load`` (:data:`LOAD` set) each is followed by one taken with the helper
+    processes spinning, attached as the Timing's ``busy``."""
     load = LOAD[0]
-    if load is None:
-        return Timing([r / n for r in t.repeat(repeats, n)])
-    quiet, busy = [], []
+    quiet: list[float] = []
+    busy: list[float] = []
     for _ in range(repeats):
-        quiet.append(t.timeit(n) / n)
-        with load.running():
-            busy.append(t.timeit(n) / n)
-    return Timing(quiet, Timing(busy))
+        quiet.append(sample())
+        if load is not None:
+            with load.running():
+                busy.append(sample())
+    return Timing(quiet, Timing(busy) if busy else None)
 
 
 def _chain_case(n: int, quick: bool) -> Case:

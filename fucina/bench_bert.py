@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .bench import LOAD, Timing
+from .bench import Timing, paired_samples
 from .models import bert
 
 CORPUS = [
@@ -164,18 +164,10 @@ class TorchBert:
 
 def best_of(fn: Any, repeats: int) -> Timing:
     """Best wall-clock seconds of ``repeats`` calls after one warm-up call (a
-    :class:`fucina.bench.Timing`: the median and max ride along). Under
-    ``--paired-load`` each call is followed by one under load (the Timing's ``busy``)."""
+    :class:`fucina.bench.Timing`: the median and max ride along, and under
+    ``--paired-load`` the same calls under load: :func:`fucina.bench.paired_samples`)."""
     fn()  # warm: compiles, caches
-    load = LOAD[0]
-    quiet: list[float] = []
-    busy: list[float] = []
-    for _ in range(repeats):
-        quiet.append(_wall(fn))
-        if load is not None:
-            with load.running():
-                busy.append(_wall(fn))
-    return Timing(quiet, Timing(busy) if busy else None)
+    return paired_samples(lambda: _wall(fn), repeats)
 
 
 def _wall(fn: Any) -> float:

@@ -42,7 +42,6 @@ from .kernels import batched_gemm
 from .runtime.context import SCOPES_OPEN
 from .runtime.gradmode import NO_GRAD_OPEN, is_grad_enabled
 from .runtime.gradmode import _state as _grad
-from .runtime.ieee import FP_IGNORE, FP_STATE
 from .runtime.raw import RawTensor
 from .runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
 from .tensor.fast import gemm_route, tensor_of
@@ -440,16 +439,11 @@ def _gemm_fast(n: Node, raws: list[RawTensor], small: bool
         last = b_side.last
         B = last[2] if last is not None and last[0] is bb and last[1] == ob \
             else b_side.view(bb, ob)
-        # inf and NaN operands give IEEE results without numpy's warnings, as in a program
-        token = FP_STATE.set(FP_IGNORE)
-        try:
-            if fresh:  # the product's own fresh result (the same BLAS call as with out=)
-                return gemm(A, B).reshape(-1)
-            out = np.empty(count, dt) if small else POOL.take(dt, count)
-            gemm(A, B, out.reshape(out_shape))
-            return out
-        finally:
-            FP_STATE.reset(token)
+        if fresh:  # the product's own fresh result (the same BLAS call as with out=)
+            return gemm(A, B).reshape(-1)
+        out = np.empty(count, dt) if small else POOL.take(dt, count)
+        gemm(A, B, out.reshape(out_shape))
+        return out
     return run2
 
 

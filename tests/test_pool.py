@@ -18,11 +18,14 @@ from fucina.kernels import atomics, native_jobs, pool, spin
 
 @numba.njit(nogil=True, cache=True)
 def _count(ctl, nch, n, hits):
-    # The protocol of a parallel generated kernel: take chunks, count each one done.
+    # The protocol of a parallel generated kernel: take chunks, count each one done
+    # (a negative n is an error the kernel raises, on whichever thread runs it).
     while True:
         c = atomics.fetch_add(ctl, 0, 1)
         if c >= nch:
             break
+        if n < 0:
+            raise ValueError("n must not be negative")
         for i in range(n * c // nch, n * (c + 1) // nch):
             hits[i] += 1
         atomics.fetch_add(ctl, 1, 1)
@@ -153,19 +156,6 @@ def _scalars(ctl, nch, out, a, b, c, d, e):
         atomics.fetch_add(ctl, 1, 1)
 
 
-@numba.njit(nogil=True, cache=True)
-def _fails_on_negative(ctl, nch, n, hits):
-    while True:
-        c = atomics.fetch_add(ctl, 0, 1)
-        if c >= nch:
-            break
-        if n < 0:
-            raise ValueError("n must not be negative")
-        for i in range(n * c // nch, n * (c + 1) // nch):
-            hits[i] += 1
-        atomics.fetch_add(ctl, 1, 1)
-
-
 def _native(fn, args):
     """(native function, trampoline) of ``fn`` compiled for ``(ctl, nch, *args)``."""
     sig = tuple(fn.typeof_pyval(a) for a in (np.zeros(2, np.int64), 1, *args))
@@ -173,6 +163,11 @@ def _native(fn, args):
     got = native_jobs.entry_of(fn.overloads[sig])
     assert got is not None
     return got
+
+
+def _flat_array(a):
+    """A 1-D array as a job row holds it (meminfo and parent null)."""
+    return [0, 0, a.size, a.itemsize, a.ctypes.data, a.shape[0], a.strides[0]]
 
 
 def _one_job(fn, args, slot=5):
@@ -195,9 +190,16 @@ def test_a_job_row_carries_every_argument_kind():
     assert ctl[1] == 1 and row[native_jobs.STATUS] == 0
     np.testing.assert_array_equal(out, [0.0, 1.5, 2.25, -7.0, 2.0**40 + 3, 1.0])
     ctl[:] = 0
-    # (ctl and out: seven int64s each; nch and the five scalars: one each)
-    assert native_jobs.pack(row, ctl, 1, out, np.float32(-0.5), -1.0, np.int32(3),
-                            np.int64(4), False) == 20
+    tramp, fnaddr = row[native_jobs.TRAMP], row[native_jobs.FN]
+    native_jobs.publish(box, row, 5, tramp, fnaddr, ctl, 1, out, np.float32(-0.5), -1.0,
+                        np.int32(3), np.int64(4), False)
+    # Numba's native form: an array is meminfo and parent (null in a row), size, item
+    # size, data, shape, stride; a scalar is one value (a float by its bits).
+    f32 = int(np.float32(-0.5).view(np.uint32))  # zero-extended to 64 bits
+    f64 = int(np.float64(-1.0).view(np.int64))
+    want = _flat_array(ctl) + [1] + _flat_array(out) + [f32, f64, 3, 4, 0]
+    a = native_jobs.ARGS
+    assert row[a:a + len(want)].tolist() == want
     native_jobs.run_row(row)
     np.testing.assert_array_equal(out, [0.0, -0.5, -1.0, 3.0, 4.0, -1.0])
 
@@ -285,11 +287,11 @@ def test_native_jobs_cover_the_outer_loop_exactly_once(n):
 
 def test_a_native_jobs_error_reaches_the_caller():
     hits = np.zeros(64, np.int64)
-    native = _native(_fails_on_negative, (64, hits))
-    pool.run(_fails_on_negative, 64, (64, hits), native)
+    native = _native(_count, (64, hits))
+    pool.run(_count, 64, (64, hits), native)
     assert (hits == 1).all()
     with pytest.raises(ValueError, match="must not be negative"):
-        pool.run(_fails_on_negative, 64, (-1, hits), native)
+        pool.run(_count, 64, (-1, hits), native)
 
 
 def test_quiet_judges_the_run_queue(monkeypatch):

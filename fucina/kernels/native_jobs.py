@@ -11,7 +11,7 @@ ever returning to Python:
 * ``row[FN]``: the address of the kernel's compiled native function (Numba's
   calling convention), ``row[TRAMP]``: a trampoline for its argument types,
   ``row[ARGS:]``: the arguments flattened the way that convention passes them
-  (:func:`pack`; an array is its size, item size, data pointer, shape and strides,
+  (:func:`publish`; an array is its size, item size, data pointer, shape and strides,
   with its meminfo and parent null: the caller's Python objects own the buffers,
   and holds them until every taken chunk is done);
 * ``row[GEN]``: the post number of the job the row holds (-1 once it is over) and
@@ -47,7 +47,7 @@ from .atomics import fetch_add, load, store
 from .spin import POSTED, PREEMPTED, TIMED_OUT, _relax, cycles
 
 __all__ = ["ARGS", "FN", "GEN", "HOLDERS", "ROW", "STATUS", "TRAMP", "close", "count", "drive",
-           "entry_of", "flat_kind", "pack", "post", "publish", "run_row", "serve", "trampoline"]
+           "entry_of", "flat_kind", "post", "publish", "run_row", "serve", "trampoline"]
 
 #: int64s per job row, and where each field sits in it.
 ROW = 256
@@ -129,12 +129,6 @@ def _store_flat(typingctx: Any, row: Any, args: Any) -> Any:
     return sig, codegen
 
 
-@njit(cache=True, nogil=True)
-def pack(row: np.ndarray, *args: Any) -> int:
-    """Flatten a kernel's arguments into ``row[ARGS:]``; returns how many int64s they took."""
-    return _store_flat(row, args)  # type: ignore[call-arg]  # an intrinsic: typed by Numba
-
-
 @intrinsic
 def _call(typingctx: Any, addr: Any, row: Any) -> Any:
     """Call the trampoline at ``addr`` on ``row``; the kernel's status code."""
@@ -179,9 +173,9 @@ def post(box: np.ndarray, row: np.ndarray, slot: int, tramp: int, fn: int) -> in
 @njit(cache=True, nogil=True)
 def publish(box: np.ndarray, row: np.ndarray, slot: int, tramp: int, fn: int,
             *args: Any) -> int:
-    """:func:`pack` then :func:`post` in one call (the pool's per-kernel path);
-    returns the post number."""
-    _store_flat(row, args)  # type: ignore[call-arg]
+    """Flatten a kernel's arguments into ``row[ARGS:]``, then :func:`post` the job, in
+    one native call (the pool's per-kernel path); returns the post number."""
+    _store_flat(row, args)  # type: ignore[call-arg]  # an intrinsic: typed by Numba
     return post(box, row, slot, tramp, fn)
 
 
@@ -191,10 +185,10 @@ def drive(row: np.ndarray, ctl: np.ndarray, nch: int, spins: int) -> bool:
     reads) until every taken chunk is done or some thread reported an error (a failed
     chunk is never counted done); whether that happened."""
     run_row(row)
-    for _ in range(spins):
+    for _ in range(spins + 1):
         if load(ctl, 1) >= nch or load(row, STATUS) != 0:  # type: ignore[call-arg]
             return True
-    return load(ctl, 1) >= nch or load(row, STATUS) != 0  # type: ignore[call-arg]
+    return False
 
 
 @njit(cache=True, nogil=True)

@@ -1,26 +1,20 @@
-"""numpy's floating-point error state, switched off around calls whose inf and NaN
-results are defined values.
+"""numpy calls whose inf and NaN results are defined values: no numpy warnings or errors.
 
 fucina's results follow IEEE arithmetic, as its kernels and torch do: a product
 of operands holding inf or NaN gives inf or NaN and warns nowhere (compiled
 programs run under ``np.errstate(all="ignore")``). The eager fast dot and a
-compiled one-GEMM call reach numpy's BLAS outside a program, where numpy would
-warn ("invalid value encountered in dot"). ``np.errstate`` costs about 0.7 us
-per use there, on a tiny product of about 1.7 us, so those paths set numpy's
-error-state context variable themselves (about 0.1 us)::
-
-    token = FP_STATE.set(FP_IGNORE)
-    try:
-        ...  # the numpy call
-    finally:
-        FP_STATE.reset(token)
-
-which is what ``np.errstate(all="ignore")`` does on numpy 2; on numpy 1.x the
-same two calls go through ``np.seterr`` (thread-local there).
+compiled one-GEMM call reach numpy's BLAS outside a program, through the product
+call :func:`fucina.tensor.fast.gemm_route` picks; :func:`quiet` wraps that call.
+``np.errstate`` costs about 0.7 us per use (2-vCPU Zen 5 guest), on a tiny
+product of about 1.7 us, so the wrapper sets numpy's error-state context
+variable itself (0.14 us), which is what ``np.errstate(all="ignore")`` does on
+numpy 2; on numpy 1.x it goes through ``np.seterr`` (thread-local there).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,4 +45,21 @@ def _state() -> tuple[Any, Any]:
         return var, var.get()
 
 
-FP_STATE, FP_IGNORE = _state()
+_STATE, _IGNORE = _state()
+
+
+def _quiet(fn: Callable[..., Any], state: Any, ignore: Any) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        token = state.set(ignore)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            state.reset(token)
+    return call
+
+
+def quiet(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run as under ``np.errstate(all="ignore")``: floating-point errors neither
+    warn nor raise, whatever the caller's numpy error state (restored on return)."""
+    return _quiet(fn, _STATE, _IGNORE)

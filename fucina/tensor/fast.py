@@ -28,7 +28,7 @@ from ..ir.execute import TRACING, _local
 from ..ir.graph import Node
 from ..kernels import batched_gemm, blas_threads
 from ..runtime.context import SCOPES_OPEN
-from ..runtime.ieee import FP_IGNORE, FP_STATE
+from ..runtime.ieee import quiet
 from ..runtime.raw import RawTensor
 from ..runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
 
@@ -328,9 +328,11 @@ def _gemm_call(sides: tuple[_Matrix, _Matrix], out_shape: tuple[int, ...],
     if batched_gemm.routes_here(out_shape, a.shape[-1], dtype):
         return batched_gemm.matmul
     m, n, k = out_shape[-2], out_shape[-1], a.shape[-1]
+    # quiet: outside a program (the eager fast dot, a one-GEMM lane) inf and NaN operands
+    # must give IEEE results without numpy's warnings or errors, as inside one
     if len(out_shape) == 2 and min(a.shape + b.shape) > 1 and a.blas and b.blas:
-        return blas_threads.gemm_call(np.dot, m, n, k)
-    return blas_threads.gemm_call(np.matmul, m, n, k)
+        return quiet(blas_threads.gemm_call(np.dot, m, n, k))
+    return quiet(blas_threads.gemm_call(np.matmul, m, n, k))
 
 
 def dot(self: Any, other: Any, contract: Any) -> Any:
@@ -367,17 +369,12 @@ def dot(self: Any, other: Any, contract: Any) -> Any:
     last = b.last
     B = last[2] if last is not None and last[0] is bb and last[1] == ob else b.view(bb, ob)
     small = f.small
-    # inf and NaN operands give IEEE results without numpy's warnings, as in a program
-    token = FP_STATE.set(FP_IGNORE)
-    try:
-        if f.fresh:  # the product's own fresh result (the same BLAS call as with out=)
-            out = f.gemm(A, B).reshape(-1)
-        else:
-            dt = f.np_dtype
-            out = np.empty(f.count, dt) if small else POOL.take(dt, f.count)
-            f.gemm(A, B, out.reshape(f.out_shape))
-    finally:
-        FP_STATE.reset(token)
+    if f.fresh:  # the product's own fresh result (the same BLAS call as with out=)
+        out = f.gemm(A, B).reshape(-1)
+    else:
+        dt = f.np_dtype
+        out = np.empty(f.count, dt) if small else POOL.take(dt, f.count)
+        f.gemm(A, B, out.reshape(f.out_shape))
     return result(f.cls, ctx, out, small, f.dtype, f.shape, f.strides, 0, "contract",
                   f.attrs.copy(), f.tags)
 
