@@ -12,7 +12,10 @@ their loaded/quiet ratios); ``--busy N`` runs the suite under
 load, with N helper processes spinning on a core each (recorded as
 ``busy_procs``); ``--paired-load N`` times every repeat twice, quiet and with N
 helpers spinning, and reports each row's loaded/quiet ratio (recorded as
-``paired_load``). Times are the minimum over repeats of the mean over a batch
+``paired_load``); ``--isa avx2`` reruns it with AVX-512 turned off for fucina's
+kernels, torch and OpenBLAS (the AVX2 path on an AVX-512 machine; recorded as
+``isa_level``, and the header's ``kernels`` line gives the compile target's vector
+width). Times are the minimum over repeats of the mean over a batch
 of calls; the machine may be shared and noisy, so compare ratios from one run
 rather than absolute times across runs.
 """
@@ -40,6 +43,8 @@ import fucina as F
 
 from .bench_busy import busy_processes, load_compare, load_ratios, load_table, paired_load
 from .bench_dispatch import dispatch_cases
+from .kernels import isa
+from .kernels import vecmath as vm
 
 try:  # torch is an optional comparison point
     import torch
@@ -947,11 +952,27 @@ def conditions(busy_procs: int = 0, paired: int = 0) -> dict[str, Any]:
             "fucina": F.__version__, "threading_layer": F.internal.threading_layer(),
             "threads": numba.get_num_threads(),
             "blas": blas_core(), "busy_procs": busy_procs, "paired_load": paired,
+            "kernel_target": kernel_target(), "isa_level": os.environ.get(isa.MARK, "host"),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
+        info["torch_capability"] = _torch_capability()
     return info
+
+
+def kernel_target() -> str:
+    """The CPU Numba compiles fucina's kernels for and their vector width: the host's,
+    or a narrowed target (``--isa``, ``NUMBA_CPU_FEATURES``)."""
+    _, cpu, features = vm.codegen_target()
+    return f"{cpu}, {isa.vector_bits(features)}-bit vectors"
+
+
+def _torch_capability() -> str:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except AttributeError:  # torch < 2.1
+        return "unknown"
 
 
 def header(cond: dict[str, Any]) -> str:
@@ -963,6 +984,10 @@ def header(cond: dict[str, Any]) -> str:
         f"CPU: {cond['cpu']} ({cond['machine']}, {cond['cpus']} logical CPUs, "
         f"load {cond['load_avg']})",
         f"ISA: {cond['isa'] or 'baseline'}",
+        f"kernels: {cond.get('kernel_target', '?')}"
+        + (f" (--isa {cond['isa_level']})" if cond.get("isa_level", "host") != "host" else "")
+        + (f"; torch capability {cond['torch_capability']}" if "torch_capability" in cond
+           else ""),
         f"threading: generated kernels on fucina's pool ({cond.get('threads', '?')} threads), "
         f"library kernels on numba {cond['threading_layer']}"
         + (f", torch threads {cond['torch_threads']}" if "torch_threads" in cond else ""),
@@ -1074,6 +1099,17 @@ def plot(data: dict[str, dict[str, float]], path: Path, title: str) -> Path | No
     return path
 
 
+def isa_relaunch(level: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that rerun the benchmark with ``argv`` on the
+    narrowed ``level`` (:func:`fucina.kernels.isa.narrowed_env`): Numba and torch read
+    their targets once, at import, so the run needs a process of its own."""
+    try:
+        env = isa.narrowed_env(level, os.environ)
+    except ValueError as e:
+        raise SystemExit(f"--isa {level}: {e}") from None
+    return [sys.executable, "-m", "fucina.bench", *argv], env
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m fucina.bench``."""
     p = argparse.ArgumentParser(prog="python -m fucina.bench", description=__doc__,
@@ -1100,7 +1136,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paired-load", type=int, default=0, metavar="N",
                    help="time every repeat twice, quiet and with N helper processes spinning "
                         "(paused in between), and report each row's loaded/quiet ratio")
+    p.add_argument("--isa", choices=("host",) + isa.LEVELS, default="host",
+                   help="the vector path to measure: host (default), or avx2 on an AVX-512 "
+                        "machine (the run restarts with AVX-512 off for fucina's kernels, "
+                        "torch and OpenBLAS: the code an AVX2 machine runs, on these cores)")
     args = p.parse_args(argv)
+    if args.isa != "host" and os.environ.get(isa.MARK) != args.isa:
+        cmd, env = isa_relaunch(args.isa, sys.argv[1:] if argv is None else argv)
+        return subprocess.run(cmd, env=env).returncode
     if args.busy < 0 or args.paired_load < 0:
         p.error("--busy and --paired-load need N >= 0")
     if args.busy and args.paired_load:

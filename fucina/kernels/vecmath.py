@@ -180,6 +180,7 @@ __all__ = [
     "exp_gate_f32",
     "expm1_f32",
     "fma_f32",
+    "codegen_target",
     "target_key",
     "wide_hint",
     "wide_vectors",
@@ -247,7 +248,7 @@ _ABSM = _I(0x7FFFFFFF)
 
 
 @lru_cache(maxsize=1)
-def _codegen_target() -> tuple[str, str, str]:
+def codegen_target() -> tuple[str, str, str]:
     """(triple, CPU name, feature string) Numba compiles for (host, or NUMBA_CPU_* overrides)."""
     from numba.core.registry import cpu_target
 
@@ -262,7 +263,7 @@ def wide_vectors() -> bool:
     compute-bound, and 512-bit vectors halve their instruction count. The answer
     comes from the features Numba compiles for, never from a fixed CPU list.
     """
-    return "+avx512f" in _codegen_target()[2].split(",")
+    return "+avx512f" in codegen_target()[2].split(",")
 
 
 def target_key() -> str:
@@ -270,7 +271,7 @@ def target_key() -> str:
 
     Code built for one vector path (AVX2, AVX-512) is never reused on the other.
     """
-    triple, cpu, features = _codegen_target()
+    triple, cpu, features = codegen_target()
     digest = hashlib.sha256(features.encode()).hexdigest()[:12]
     return f"{triple}-{cpu}-{digest}"
 
