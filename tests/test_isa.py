@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from isa_values import values
 
-import fucina as F
 from fucina import bench
 from fucina.kernels import isa
 from fucina.kernels import vecmath as vm
@@ -80,35 +80,15 @@ def _has_avx2() -> bool:
     return bool(feats.get("avx2") and feats.get("fma"))
 
 
-def values() -> dict[str, np.ndarray]:
-    """Every vecmath function on sweeps and random bit patterns, and generated kernels
-    (softmax, sums over the first and last axis, layer_norm, a fused chain) eager and
-    compiled: what the child computes for its target and this process for the host's."""
-    rng = np.random.default_rng(5)
-    bits = rng.integers(0, 2**32, 60_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    x = np.concatenate([np.linspace(-20, 20, 40_001, dtype=np.float32),
-                        np.geomspace(1e-30, 90, 2_000).astype(np.float32), bits])
-    out = {name: getattr(vm, f"v{name}")(x) for name in vm.ULP_BOUNDS}
-    ctx = F.ExecContext()
-    t = F.Tensor("a", "b", "c").randn(ctx, (4, 32, 200), 3)
-    ops = {"softmax": lambda u: u.softmax("c"), "sum_a": lambda u: u.sum("a"),
-           "sum_c": lambda u: u.sum("c"), "layer_norm": lambda u: u.layer_norm("c", 1e-5),
-           "chain": lambda u: u.mul(u).add(u).tanh().sigmoid().mul(u)}
-    for name, fn in ops.items():
-        out[name] = fn(t).numpy()
-        out[f"{name} compiled"] = F.compile(fn)(t).numpy()
-    return out
-
-
 _CHILD = """
 import sys
 import numpy as np
 sys.path.insert(0, {tests!r})
 from fucina.kernels import vecmath as vm
-import test_isa
+import isa_values
 _, cpu, features = vm.codegen_target()
 print(vm.wide_vectors(), "+avx512f" in features.split(","))
-np.savez({path!r}, **test_isa.values())
+np.savez({path!r}, **isa_values.values())
 """
 
 
@@ -123,7 +103,7 @@ def test_the_avx2_path_gives_the_host_paths_bits(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split() == ["False", "False"]  # no 512-bit vectors, no AVX-512F
     narrow = np.load(path)
-    host = values()
+    host = values()  # this process: the host's target
     assert sorted(narrow.files) == sorted(host)
     for name, want in host.items():
         got = narrow[name]

@@ -1,0 +1,29 @@
+"""What ``tests/test_isa.py`` computes on two compile targets (this file is imported
+by the test and by its child process, which must not import pytest or torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import fucina as F
+from fucina.kernels import vecmath as vm
+
+
+def values() -> dict[str, np.ndarray]:
+    """Every vecmath function on sweeps and random bit patterns, and generated kernels
+    (softmax, sums over the first and last axis, layer_norm, a fused chain) eager and
+    compiled: what the child computes for its target and this process for the host's."""
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**32, 60_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([np.linspace(-20, 20, 40_001, dtype=np.float32),
+                        np.geomspace(1e-30, 90, 2_000).astype(np.float32), bits])
+    out = {name: getattr(vm, f"v{name}")(x) for name in vm.ULP_BOUNDS}
+    ctx = F.ExecContext()
+    t = F.Tensor("a", "b", "c").randn(ctx, (4, 32, 200), 3)
+    ops = {"softmax": lambda u: u.softmax("c"), "sum_a": lambda u: u.sum("a"),
+           "sum_c": lambda u: u.sum("c"), "layer_norm": lambda u: u.layer_norm("c", 1e-5),
+           "chain": lambda u: u.mul(u).add(u).tanh().sigmoid().mul(u)}
+    for name, fn in ops.items():
+        out[name] = fn(t).numpy()
+        out[f"{name} compiled"] = F.compile(fn)(t).numpy()
+    return out
