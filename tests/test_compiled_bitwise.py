@@ -59,6 +59,27 @@ def test_sum_follows_the_lane_order(ctx: F.ExecContext, n: int) -> None:
     np.testing.assert_array_equal(fast(x).numpy(), np.array([lane_sum(r) for r in sq]))
 
 
+@pytest.mark.parametrize("n", [35, 36])
+def test_a_rows_tail_leaves_the_other_lanes_bit_for_bit(ctx: F.ExecContext, n: int) -> None:
+    """The tail of a row (3 or 4 elements after one whole vector of 32 lanes) is added as
+    one masked vector op; lanes past the tail keep their bits: a -0 in lane 5 of a
+    product stays -0 (powers of two keep every product exact)."""
+    row = np.full(n, 2.0, np.float32)
+    row[5] = -0.0
+    x = F.Tensor("r", "c").from_slice(ctx, (2, n), np.stack([row, np.full(n, 2.0, np.float32)]))
+    got = x.prod("c").numpy()
+    assert got[0] == 0 and np.signbit(got[0])
+    assert got[1] == np.float32(2.0) ** n
+    xv = x.numpy()
+    forms = ((lambda a: a.neg().prod("c"), -xv), (lambda a: a.mul(a).prod("c"), xv * xv))
+    for fn, np_form in forms:
+        want = np.prod(np_form, axis=1)  # exact: powers of two and zeros
+        out = F.compile(fn)(x).numpy()
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(want))
+        np.testing.assert_array_equal(fn(x).numpy().view(np.uint32), out.view(np.uint32))
+
+
 _PROGRAMS: dict[str, tuple[Callable[[Any], Any], tuple[str, ...]]] = {
     "fma chain": (lambda x: x.mul(x).add_scalar(1.0).tanh().mul(x).sigmoid(), ("r", "c")),
     "(x*x+x)*x-x": (lambda x: x.mul(x).add(x).mul(x).sub(x), ("r", "c")),
@@ -228,3 +249,36 @@ def test_middle_axis_reductions_follow_the_lane_order(ctx: F.ExecContext, n: int
     torch = pytest.importorskip("torch")
     np.testing.assert_allclose(x.sum("b").numpy(), torch.from_numpy(v).sum(dim=1).numpy(),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_lane_runs_masked_tail_equals_the_one_by_one_form(monkeypatch) -> None:
+    """Both forms of a run's tail (the masked vector op, and the element-by-element
+    insert that LLVM before 17 gets) give the same bits, NaN and -0 included, for
+    every tail length of both dtypes."""
+    from numba import njit
+
+    from fucina.kernels import lanes
+
+    def build():
+        @njit
+        def runs(a, n, zero, one):
+            out = np.empty((n + 1, 2), a.dtype)
+            for m in range(n + 1):
+                s = lanes.add_run(lanes.splat(zero), a, 0, m)
+                p = lanes.mul_run(lanes.splat(one), a, 0, m)
+                out[m, 0] = lanes.total_add(s)
+                out[m, 1] = lanes.total_mul(p)
+            return out
+        return runs
+
+    rng = np.random.default_rng(9)
+    for dt in (np.float32, np.float64):
+        a = (1 + rng.standard_normal(80) * 0.1).astype(dt)
+        a[[3, 40, 70]] = -0.0
+        a[50] = np.nan
+        a[20] = np.inf
+        masked = build()(a, 79, dt(0), dt(1))
+        monkeypatch.setattr(lanes, "_MASKED_LOADS", False)
+        plain = build()(a, 79, dt(0), dt(1))
+        monkeypatch.setattr(lanes, "_MASKED_LOADS", True)
+        assert np.array_equal(masked.view(np.uint8), plain.view(np.uint8)), dt
