@@ -114,3 +114,24 @@ def test_binary_plan_cache_is_bounded(ctx, monkeypatch):
     assert "binary_plan_cache=(3, 3)" in repr(F.cache_info())
     x = F.Tensor("d").from_slice(ctx, (2,), [1.0, 2.0])  # an evicted signature plans again
     np.testing.assert_array_equal(x.sub(x).numpy(), [0.0, 0.0])
+
+
+def test_kernel_cache_key_covers_every_module_kernels_inline(monkeypatch):
+    """Each module the generated source imports (and the files those inline: stack rows,
+    the counter-based random numbers) is hashed into the kernel key, so an upgrade of
+    any of them recompiles cached kernels instead of loading stale machine code."""
+    import re
+    from pathlib import Path
+
+    from fucina.kernels import codegen
+
+    here = Path(kcache.__file__).parent
+    imported = set(re.findall(r"from fucina\.kernels import (\w+) as",
+                              Path(codegen.__file__).read_text()))
+    assert {"scalar_fns", "vecmath", "lanes", "stack_rows", "atomics", "user_fns"} <= imported
+    assert {f"{m}.py" for m in imported} <= set(kcache.DEPS)
+    assert {"codegen.py", "../rng.py"} <= set(kcache.DEPS)
+    assert all((here / name).exists() for name in kcache.DEPS)
+    before = kcache._deps_hash()
+    monkeypatch.setattr(kcache, "DEPS", kcache.DEPS[:-1])  # without rng.py
+    assert kcache._deps_hash() != before

@@ -40,12 +40,18 @@ _VERSION = "4"  # bump when generated code conventions change
 INTERLEAVE = int(os.environ.get("FUCINA_INTERLEAVE", "2"))
 
 
+#: The files whose code generated kernels inline or are written by (paths relative to
+#: this package): the modules the kernel source imports, and what those inline in turn
+#: (``lanes`` its stack rows, ``scalar_fns`` the counter-based random numbers).
+DEPS = ("scalar_fns.py", "vecmath.py", "codegen.py", "user_fns.py", "lanes.py",
+        "atomics.py", "stack_rows.py", "../rng.py")
+
+
 def _deps_hash() -> str:
-    """Hash of the modules generated kernels inline: a change there invalidates them."""
+    """Hash of :data:`DEPS`: a change there invalidates every cached kernel."""
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for name in ("scalar_fns.py", "vecmath.py", "codegen.py", "user_fns.py", "lanes.py",
-                 "atomics.py"):
+    for name in DEPS:
         p = here / name
         if p.exists():
             h.update(p.read_bytes())
