@@ -170,6 +170,8 @@ from llvmlite.ir import CallInstr
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .isa import vector_bits
+
 __all__ = [
     "FASTMATH",
     "ULP_BOUNDS",
@@ -263,7 +265,7 @@ def wide_vectors() -> bool:
     compute-bound, and 512-bit vectors halve their instruction count. The answer
     comes from the features Numba compiles for, never from a fixed CPU list.
     """
-    return "+avx512f" in codegen_target()[2].split(",")
+    return vector_bits(codegen_target()[2]) == 512
 
 
 def target_key() -> str:
