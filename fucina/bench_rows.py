@@ -1,8 +1,9 @@
 """Benchmark rows for row programs and reductions (issue 13, target 3).
 
 Row softmax, layer_norm and rms_norm over the last axis of a [rows, 1024] f32
-matrix, and sum / mean / max over each axis of a [64, 256, 256] f32 tensor:
-fucina eager and compiled against numpy and torch eager, side by side.
+matrix, sum / mean / max over each axis of a [64, 256, 256] f32 tensor, and a sum
+over rows of 100 (a length that is not a multiple of the reduction lanes): fucina
+eager and compiled against numpy and torch eager, side by side.
 """
 
 from __future__ import annotations
@@ -54,4 +55,7 @@ def row_cases(quick: bool = False) -> list[Case]:
     cases = [_norm_case(k, rows, 1024, quick) for k in ("layer_norm", "rms_norm")]
     cases += [_reduce_case(fn, axis, shape, quick) for fn in ("sum", "mean", "max")
               for axis in range(3)]
+    # rows of 100: not a multiple of the 32 lanes, so each row ends in a tail (stop 30
+    # found such rows 9x slower than torch while the 256-wide rows above were ahead)
+    cases.append(_reduce_case("sum", 2, (8, 8, 100) if quick else (64, 64, 100), quick))
     return cases
