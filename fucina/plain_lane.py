@@ -38,13 +38,12 @@ import numpy as np
 
 from .ir.execute import TRACING, _local
 from .ir.graph import Node
-from .kernels import batched_gemm
 from .runtime.context import SCOPES_OPEN
 from .runtime.gradmode import NO_GRAD_OPEN, is_grad_enabled
 from .runtime.gradmode import _state as _grad
 from .runtime.raw import RawTensor
 from .runtime.storage import POOL, POOL_MIN_BYTES, PooledStorage, Storage
-from .tensor.fast import gemm_route, tensor_of
+from .tensor.fast import gemm_route, returns_fresh, tensor_of
 
 #: Signatures one compiled function keeps in its lane (emptied when it grows past this).
 LANE_SIZE = 64
@@ -422,7 +421,7 @@ def _gemm_fast(n: Node, raws: list[RawTensor], small: bool
     v = n.value
     count = v.numel
     dt = np.dtype(v.dtype.storage)
-    fresh = small and gemm is not batched_gemm.matmul
+    fresh = small and returns_fresh(gemm)
 
     def run2(ra: RawTensor, rb: RawTensor) -> np.ndarray | None:
         ba = ra.storage.buf

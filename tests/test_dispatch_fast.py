@@ -702,6 +702,27 @@ def test_fast_dots_give_ieee_results_without_numpy_errors(ctx, shape):
     assert np.isnan(eager[-1][0]).all() and np.isnan(compiled[-1][-1]).all()
 
 
+@pytest.mark.parametrize("shape", [(2, 8, 8, 8), (2, 3, 1, 5)])
+def test_stacked_fast_dots_give_ieee_results_without_numpy_errors(ctx, shape):
+    # Stacks go to fucina's matmul, which hands small ones to numpy's BLAS: its call
+    # was the one product call the fast dots did not wrap (FloatingPointError under
+    # np.seterr(all="raise") from the second eager call and the compiled lane).
+    s, m, k, n = shape
+    x, w = arr(s * m, k).reshape(s, m, k), np.zeros((s, k, n), np.float32)
+    x[0, 0, 0], x[-1, -1, -1] = np.inf, np.nan
+    a = F.Tensor("s", "m", "k").from_numpy(ctx, x)
+    b = F.Tensor("s", "k", "n").from_numpy(ctx, w)
+    f = F.compile(lambda p, q: p.dot(q, "k"))
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float64) @ w.astype(np.float64)
+    with np.errstate(all="raise"):
+        got = [a.dot(b, "k").numpy() for _ in range(3)] + [f(a, b).numpy() for _ in range(3)]
+    for g in got:
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(want))
+        np.testing.assert_array_equal(g[~np.isnan(want)], want[~np.isnan(want)])
+    assert np.isnan(got[-1][0, 0]).all() and np.isnan(got[-1][-1, -1]).all()
+
+
 def test_error_state_switch_restores_the_callers_state():
     from fucina.runtime import ieee
 

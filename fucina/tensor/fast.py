@@ -311,7 +311,18 @@ class _FastDot:
         self.out_shape = out_shape
         self.in_np = in_np
         self.gemm = _gemm_call(sides, out_shape, self.np_dtype)
-        self.fresh = self.small and self.gemm is not batched_gemm.matmul
+        self.fresh = self.small and returns_fresh(self.gemm)
+
+
+#: fucina's ``matmul`` (stacks, large planes; BLAS below its sizes) as the fast dots call
+#: it: quiet like the numpy products :func:`_gemm_call` returns.
+_STACKED = quiet(batched_gemm.matmul)
+
+
+def returns_fresh(gemm: Callable[..., Any]) -> bool:
+    """Whether a product call from :func:`gemm_route` can make its own result
+    (``gemm(A, B)``); fucina's ``matmul`` needs ``out``."""
+    return gemm is not _STACKED
 
 
 def _gemm_call(sides: tuple[_Matrix, _Matrix], out_shape: tuple[int, ...],
@@ -324,12 +335,13 @@ def _gemm_call(sides: tuple[_Matrix, _Matrix], out_shape: tuple[int, ...],
     then both call ``gemm`` with the same arguments, and both turn to ``syrk`` for a
     matrix times its own transpose), where matmul's ufunc machinery costs about
     0.5 us more per call."""
+    # quiet, every one: outside a program (the eager fast dot, a one-GEMM lane) inf and
+    # NaN operands must give IEEE results without numpy's warnings or errors, as inside
+    # one (fucina's matmul falls back to numpy's BLAS for small stacks)
     a, b = sides
     if batched_gemm.routes_here(out_shape, a.shape[-1], dtype):
-        return batched_gemm.matmul
+        return _STACKED
     m, n, k = out_shape[-2], out_shape[-1], a.shape[-1]
-    # quiet: outside a program (the eager fast dot, a one-GEMM lane) inf and NaN operands
-    # must give IEEE results without numpy's warnings or errors, as inside one
     if len(out_shape) == 2 and min(a.shape + b.shape) > 1 and a.blas and b.blas:
         return quiet(blas_threads.gemm_call(np.dot, m, n, k))
     return quiet(blas_threads.gemm_call(np.matmul, m, n, k))
