@@ -80,6 +80,27 @@ def test_a_rows_tail_leaves_the_other_lanes_bit_for_bit(ctx: F.ExecContext, n: i
         np.testing.assert_array_equal(fn(x).numpy().view(np.uint32), out.view(np.uint32))
 
 
+@pytest.mark.parametrize("shape", [(7, 9), (40, 9), (64, 256)])
+def test_a_sum_of_negative_zeros_is_positive_zero_in_every_kernel_form(
+        ctx: F.ExecContext, shape: tuple[int, int]) -> None:
+    """Lanes start at +0, so a sum of -0 elements is +0. The swapped kernel (a sum over a
+    leading axis) wrote each lane's first element as it was, and gave -0: eager summed
+    ``x + xt`` materialized (swapped) to -0, while compiled, whose fused loads read
+    ``xt`` along the summed axis (row form), gave +0."""
+    neg = -np.zeros(shape, np.float32)
+    x = F.Tensor("a", "b").from_slice(ctx, shape, neg)
+    xt = F.Tensor("b", "a").from_slice(ctx, shape[::-1], np.ascontiguousarray(neg.T))
+    outs = [x.sum("a"), xt.sum("a"), (x + xt).sum("a"), x.mean("a"),
+            F.compile(lambda a, b: (a + b).sum("a"))(x, xt),
+            F.compile(lambda a: (a * 1.0).sum("a"))(x)]
+    for out in outs:
+        got = out.numpy()
+        np.testing.assert_array_equal(got, np.zeros(shape[1], np.float32))
+        assert not np.signbit(got).any()
+    # a product's lanes start at 1: the -0 stays (an odd count of -0 factors)
+    assert np.signbit(x.prod("a").numpy()).all() == (shape[0] % 2 == 1)
+
+
 _PROGRAMS: dict[str, tuple[Callable[[Any], Any], tuple[str, ...]]] = {
     "fma chain": (lambda x: x.mul(x).add_scalar(1.0).tanh().mul(x).sigmoid(), ("r", "c")),
     "(x*x+x)*x-x": (lambda x: x.mul(x).add(x).mul(x).sub(x), ("r", "c")),

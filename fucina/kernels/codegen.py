@@ -154,6 +154,13 @@ def _lane_names(st: Step) -> tuple[str, str, str]:
     return f"{_CTOR[st.dtype]}(0)", "ln.add_run", "ln.total_add"
 
 
+def _first(st: Step, val: str) -> str:
+    """A lane's value after its first element ``val``, written instead of combined with
+    the starting value: a sum's lane is ``+0 + val`` (a -0 gives +0, as in the row
+    form's lanes), a product's ``val`` (1 * val has its bits)."""
+    return f"ln.start_add({val})" if st.fn != "prod" else val
+
+
 def _reduce_update(fn: str, acc: str, val: str, dtype: str) -> str:
     if fn in ("sum", "mean"):
         return f"{acc} = sf.add_reassoc({acc}, {val})"
@@ -717,7 +724,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                     sym, val = "*" if steps[k].fn == "prod" else "+", f"v{steps[k].arg}"
                     row = f"a{k}[np.uint64(lo_{nl} + j)]"
                     if i == 0 and first:
-                        w(d + 1, f"s{k} = {val}")
+                        w(d + 1, f"s{k} = {_first(steps[k], val)}")
                     else:
                         w(d + 1, f"s{k} = {row if i == 0 else f's{k}'} {sym} {val}")
                 if stored is not None and last_pass:
@@ -789,7 +796,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                     if k in lane_reds:
                         sym = "*" if steps[k].fn == "prod" else "+"
                         at = f"a{k}[np.uint64(lo_{LANES[steps[k].dtype]} + j)]"
-                        w(dj, f"{at} = {val}" if first else f"{at} = {at} {sym} {val}")
+                        w(dj, f"{at} = {_first(steps[k], val)}" if first
+                           else f"{at} = {at} {sym} {val}")
                     else:
                         w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
                 if stored is not None and phase == nphases:

@@ -77,6 +77,26 @@ def splat(typingctx: Any, x: Any) -> Any:
     return sig, codegen
 
 
+@intrinsic
+def start_add(typingctx: Any, x: Any) -> Any:
+    """``+0 + x``: what a lane of a sum holds after its first element (lanes start at
+    +0, so a -0 element leaves +0), for a kernel that writes a lane's first element
+    instead of adding it. Done on the bits: a kernel compiled with ``nsz`` folds a
+    float ``0 + x`` (or a select on ``x == 0``) to ``x``."""
+    if not _has_lanes(x):
+        return None
+    sig = x(x)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        fty = args[0].type
+        ity = ir.IntType(32 if isinstance(fty, ir.FloatType) else 64)
+        bits = builder.bitcast(args[0], ity)
+        neg_zero = builder.icmp_unsigned("==", bits, ir.Constant(ity, 1 << (ity.width - 1)))
+        return builder.bitcast(builder.select(neg_zero, ir.Constant(ity, 0), bits), fty)
+
+    return sig, codegen
+
+
 #: Whether the LLVM under llvmlite names the masked-load intrinsic by an opaque pointer
 #: (LLVM 17 and later; earlier llvmlite builds keep typed pointers).
 _MASKED_LOADS = llvm.llvm_version_info[0] >= 17
