@@ -101,6 +101,26 @@ def test_a_sum_of_negative_zeros_is_positive_zero_in_every_kernel_form(
     assert np.signbit(x.prod("a").numpy()).all() == (shape[0] % 2 == 1)
 
 
+@pytest.mark.parametrize("n", [7, 40, 100])
+def test_zero_signs_follow_the_lane_definition_in_the_swapped_form(
+        ctx: F.ExecContext, n: int) -> None:
+    # The swapped form writes each lane's first element and makes a zero total +0 at the
+    # end; the lanes' definition starts every lane at +0. With signed zeros and exact
+    # cancellations everywhere, both must give the same bits (short rows of 9 take the
+    # flat rounds, rows of 40 the lane-by-lane loop).
+    rng = np.random.default_rng(n)
+    for c in (9, 40):
+        v = rng.choice(np.array([-0.0, 0.0, -1.0, 1.0, -2.0, 2.0], np.float32), (5, n, c))
+        v[0] = -0.0
+        x = F.Tensor("a", "b", "c").from_slice(ctx, v.shape, v)
+        want = _lane_sum_axis1(v)
+        got = x.sum("b").numpy()
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert not np.signbit(got[0]).any()  # (the all -0 batch)
+        neg = F.compile(lambda a: a.neg().sum("b"))(x).numpy()  # a fused producer
+        np.testing.assert_array_equal(neg.view(np.uint32), _lane_sum_axis1(-v).view(np.uint32))
+
+
 _PROGRAMS: dict[str, tuple[Callable[[Any], Any], tuple[str, ...]]] = {
     "fma chain": (lambda x: x.mul(x).add_scalar(1.0).tanh().mul(x).sigmoid(), ("r", "c")),
     "(x*x+x)*x-x": (lambda x: x.mul(x).add(x).mul(x).sub(x), ("r", "c")),
@@ -228,6 +248,39 @@ def test_middle_axis_lane_tree_forms(ctx: F.ExecContext, shape: tuple[int, ...])
     np.testing.assert_array_equal(F.compile(lambda a: a.mul(a).sum("b"))(x).numpy(),
                                   _lane_sum_axis1(v * v))
     np.testing.assert_allclose(want, v.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [7, 32, 40, 100, 600])
+def test_short_kept_rows_read_as_flat_rounds_follow_the_lane_order(
+        ctx: F.ExecContext, n: int) -> None:
+    # Kept rows of 9 (f32) and 3 (f64) read as flat rounds of L * row elements: fewer
+    # steps than lanes (7), one round (32), a partial round (40), several rounds with
+    # register groups of 8 and 2 (100, 600). A sliced input (reduced stride not the row)
+    # takes the lane-by-lane loop; both give the lane order.
+    from fucina.ir.program import PARALLEL_MIN
+    from fucina.kernels.codegen import FLAT_ROW_MAX
+    rng = np.random.default_rng(n)
+    for dt, shape in ((np.float32, (3, n, 9)), (np.float64, (2, n, 3))):
+        assert np.prod(shape) < PARALLEL_MIN and shape[2] <= FLAT_ROW_MAX
+        tag = "f32" if dt == np.float32 else "f64"
+        v = rng.standard_normal(shape).astype(dt)
+        x = F.Tensor("a", "b", "c", dtype=tag).from_slice(ctx, shape, v)
+        want = _lane_sum_axis1(v)
+        np.testing.assert_array_equal(x.sum("b").numpy(), want)
+        np.testing.assert_array_equal(x.mean("b").numpy(), want / dt(n))
+        np.testing.assert_array_equal(F.compile(lambda a: a.mul(a).sum("b"))(x).numpy(),
+                                      _lane_sum_axis1(v * v))
+        if dt == np.float32:  # (prod: the f32 surface)
+            near1 = (1 + v / 256).astype(dt)
+            y = F.Tensor("a", "b", "c").from_slice(ctx, shape, near1)
+            np.testing.assert_array_equal(y.prod("b").numpy(),
+                                          _lane_sum_axis1(near1, mul=True))
+        np.testing.assert_allclose(want, v.astype(np.float64).sum(axis=1), rtol=1e-4,
+                                   atol=1e-4)
+        wide = F.Tensor("a", "b", "c", dtype=tag).from_slice(
+            ctx, (shape[0], n, 2 * shape[2]), np.concatenate([v, v], axis=2))
+        half = wide.narrow("c", 0, shape[2])
+        np.testing.assert_array_equal(half.sum("b").numpy(), want)
 
 
 @pytest.mark.parametrize("n", [7, 100, 600])

@@ -207,3 +207,26 @@ def test_swapped_lane_rows_are_allocated_once_per_call(ctx, monkeypatch):
     assert "for kb in range(c0, c1)" in body  # the parallel swapped form
     assert body.count("np.empty(") == 1
     assert body.index("np.empty(") < body.index("while True:")
+
+
+@pytest.mark.parametrize("fn", ["max", "min"])
+def test_short_kept_rows_reduce_max_and_min_in_the_row_form(ctx, monkeypatch, fn):
+    # A max over a middle axis with a kept row shorter than SHORT_KEPT walks each output's
+    # strided run (row form); a float sum of the same shape keeps the swapped form.
+    shape = (6, 7, fusion.SHORT_KEPT - 7)
+    (short,) = [s for s in _spec(lambda t: getattr(t, fn)("b"), ctx, monkeypatch, shape)
+                if s.nr]
+    assert short.row_form and not cg.swapped(short)
+    (summed,) = [s for s in _spec(lambda t: t.sum("b"), ctx, monkeypatch, shape) if s.nr]
+    assert not summed.row_form and cg.swapped(summed)
+    (wide,) = [s for s in _spec(lambda t: getattr(t, fn)("b"), ctx, monkeypatch,
+                                (6, 7, fusion.SHORT_KEPT)) if s.nr]
+    assert cg.swapped(wide)
+    v = _values("f32", shape)
+    v[0, 3, 2] = v[5, 0, 0] = v[5, 6, 8] = np.nan
+    v[1, :, 4] = -np.inf if fn == "max" else np.inf
+    v[2, 5, 1] = np.inf
+    x = F.Tensor(*TAGS).from_slice(ctx, shape, v)
+    eager = getattr(x, fn)("b").numpy()
+    np.testing.assert_array_equal(eager, getattr(np, fn)(v, axis=1))
+    np.testing.assert_array_equal(F.compile(lambda t: getattr(t, fn)("b"))(x).numpy(), eager)

@@ -108,6 +108,13 @@ class KernelSpec:
     # Outputs may share memory with inputs element for element (a program writing a
     # value in place): a pointwise kernel then stores each block after all its loads.
     staged_stores: bool = False
+    # Keep the kept axes outside even where the strides call for the swapped form (see
+    # :func:`swapped`): the plan's choice for short kept rows.
+    row_form: bool = False
+    # The plan saw a short innermost kept row (<= FLAT_ROW_MAX): a swapped lane
+    # reduction also carries the flat rounds (carried always, their code slowed the
+    # lane-by-lane loop of other shapes: [512, 33, 100] 235 -> 275 us, one thread).
+    short_rows: bool = False
 
 
 class _Writer:
@@ -154,13 +161,6 @@ def _lane_names(st: Step) -> tuple[str, str, str]:
     return f"{_CTOR[st.dtype]}(0)", "ln.add_run", "ln.total_add"
 
 
-def _first(st: Step, val: str) -> str:
-    """A lane's value after its first element ``val``, written instead of combined with
-    the starting value: a sum's lane is ``+0 + val`` (a -0 gives +0, as in the row
-    form's lanes), a product's ``val`` (1 * val has its bits)."""
-    return f"ln.start_add({val})" if st.fn != "prod" else val
-
-
 def _reduce_update(fn: str, acc: str, val: str, dtype: str) -> str:
     if fn in ("sum", "mean"):
         return f"{acc} = sf.add_reassoc({acc}, {val})"
@@ -200,6 +200,9 @@ SWAP_BYTES = 8192
 SWAP_MIN, SWAP_MAX = 512, 2048
 #: Reduced steps of one lane a swapped lane reduction sums in registers (a power of 2).
 SWAP_GROUP = 8
+#: Longest kept rows a swapped lane reduction reads as flat rounds of L * row elements
+#: (when its inputs allow: see ``by_flat_rounds``); longer rows keep the loop per lane.
+FLAT_ROW_MAX = 64
 #: Longest lane rows whose halving tree runs in registers, output by output. Longer
 #: rows sit 8 KB or more apart and the tree's 32 loads of one output share L1 sets:
 #: on Zen 4 a sum over the leading axis of [64, 256, 256] f32 (rows of 2048) went
@@ -256,7 +259,7 @@ def swapped(spec: KernelSpec) -> bool:
     inside would read one element per cache line.
     """
     nk, nr = spec.nk, spec.nr
-    if nk == 0 or nr == 0 or spec.uses_index:
+    if nk == 0 or nr == 0 or spec.uses_index or spec.row_form:
         return False
     loads = [spec.inputs[st.arg] for st in spec.steps if st.kind == "load" and st.level == "full"]
     return any(op.pattern[nk - 1] == UNIT for op in loads) and not any(
@@ -699,14 +702,111 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             w(depth + 1, f"a{k}[j] = v{k}")
         done.update(ks)
 
+    def flat_loads(closure: list[int]) -> list[str] | None:
+        # The strided inputs of a closure that by_flat_rounds can read as one flat run
+        # per round, or None: every load unit-stride along the kept row (or broadcast
+        # over it and the reduced axis), no kept-level value, nothing stored.
+        if stored is not None:
+            return None
+        names = []
+        for f in closure:
+            st = steps[f]
+            if any(steps[x].level == "kept" for x in st.deps):
+                return None
+            if st.kind != "load":
+                continue
+            pat = spec.inputs[st.arg].pattern
+            if pat[nk] == BCAST and pat[last] == BCAST:
+                continue
+            if pat[nk] != STRIDED or pat[last] != UNIT:
+                return None
+            names.append(names_in[st.arg])
+        return names
+
+    def by_flat_rounds(d: int, closure: list[int], reds: list[int], nl: int) -> None:
+        # Reduced step t, kept element j sits at t * kl + j of each input (checked by the
+        # caller), so the L lane rows of kl outputs (row l at l * kl) are one flat run
+        # of L * kl elements per round of L steps: round g adds the flat run at
+        # g * L * kl into them, in increasing g (each lane's order), SWAP_GROUP rounds
+        # in registers; the last, partial round covers the first lanes. One loop of
+        # L * kl per round instead of one loop of kl per lane and group: a sum over the
+        # middle axis of [1000, 1000, 3] or [4096, 7, 9] spent its time in loop heads.
+        w(d, f"span = {nl} * kl")
+        w(d, f"fr = n{nk} // {nl}")  # full rounds
+        w(d, f"fe = (n{nk} - fr * {nl}) * kl")  # elements of the partial round
+        src = steps[closure[0]] if len(closure) == 1 else None
+        if src is not None and src.kind == "load" and all(
+                steps[k].dtype == src.dtype for k in reds):
+            # A bare input: each round is one vector pass of lanes.add_into (short runs
+            # stay vector code there; see its docstring).
+            name = names_in[src.arg]
+            for k in reds:
+                op = "mul" if steps[k].fn == "prod" else "add"
+                w(d, "if fr >= 1:")
+                w(d + 1, f"ln.{op}_first(a{k}, 0, {name}, b_{name}, span)")
+                w(d, "for g in range(1, fr):")
+                w(d + 1, f"ln.{op}_into(a{k}, 0, {name}, b_{name} + g * span, span)")
+                w(d, "if fe > 0:")
+                w(d + 1, "if fr == 0:")
+                w(d + 2, f"ln.{op}_first(a{k}, 0, {name}, b_{name}, fe)")
+                w(d + 1, "else:")
+                w(d + 2, f"ln.{op}_into(a{k}, 0, {name}, b_{name} + fr * span, fe)")
+            return
+        w(d, "fo = 0")  # flat offset of the next round
+
+        def rounds(d: int, size: int, count: str, first: bool) -> None:
+            w(d, f"for i in range({count}):")
+            for g in range(size):
+                lp = ["0", "(fo + i)" if g == 0 else f"(fo + {g} * span + i)"]
+                for f in closure:
+                    _emit_step(spec, w, names_in, d + 1, f, axes, lp)
+                for k in reds:
+                    sym, val = "*" if steps[k].fn == "prod" else "+", f"v{steps[k].arg}"
+                    if g == 0 and first:
+                        w(d + 1, f"s{k} = {val}")
+                    else:
+                        prev = f"a{k}[np.uint64(i)]" if g == 0 else f"s{k}"
+                        w(d + 1, f"s{k} = {prev} {sym} {val}")
+            for k in reds:
+                w(d + 1, f"a{k}[np.uint64(i)] = s{k}")
+            w(d, f"fo += {size} * span")
+
+        costly = calls_functions([steps[f] for f in closure])
+        sizes = (1,) if costly else (SWAP_GROUP, 2, 1)
+        w(d, "gr = fr")
+        for i, size in enumerate(sizes):
+            w(d, f"{'if' if i == 0 else 'elif'} gr >= {size}:")
+            rounds(d + 1, size, "span", first=True)
+            w(d + 1, f"gr -= {size}")
+        for size in sizes:
+            w(d, f"{'if' if size == 1 and not costly else 'while'} gr >= {size}:")
+            rounds(d + 1, size, "span", first=False)
+            w(d + 1, f"gr -= {size}")
+        w(d, "if fe > 0:")
+        w(d + 1, "if fr == 0:")
+        rounds(d + 2, 1, "fe", first=True)
+        w(d + 1, "else:")
+        rounds(d + 2, 1, "fe", first=False)
+
     def by_lane(closure: list[int], reds: list[int], nl: int, last_pass: bool) -> None:
         # Lane row l takes reduced steps l, l + L, l + 2L, ... in that order (the lane
         # order), up to SWAP_GROUP of them summed in registers per output before the row
         # is stored: one row load and store per group instead of per step. The step by
         # step loop moved a lane row in and out of cache per input row (about 2x slower
         # for a sum over the middle axis of [64, 256, 256] f32, one thread or two).
-        w(depth, f"for lj in range(m_{nl}):")
-        d = depth + 1
+        depth_ = depth
+        flat = flat_loads(closure) if spec.short_rows else None
+        if flat is not None:
+            # Short kept rows read as flat rounds (by_flat_rounds) when the inputs are
+            # laid out so: the kept row whole in this block, the reduced stride kl.
+            conds = [f"kl == n{last}", f"kl <= {FLAT_ROW_MAX}"]
+            conds += [f"st_{name}_{nk} == kl" for name in dict.fromkeys(flat)]
+            w(depth, f"if {' and '.join(conds)}:")
+            by_flat_rounds(depth + 1, closure, reds, nl)
+            w(depth, "else:")
+            depth_ = depth + 1
+        w(depth_, f"for lj in range(m_{nl}):")
+        d = depth_ + 1
         w(d, f"lo_{nl} = lj * kl")
         w(d, "r0 = lj")
         w(d, f"gl = (n{nk} - 1 - lj) // {nl} + 1")  # steps of lane lj (>= 1)
@@ -724,7 +824,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                     sym, val = "*" if steps[k].fn == "prod" else "+", f"v{steps[k].arg}"
                     row = f"a{k}[np.uint64(lo_{nl} + j)]"
                     if i == 0 and first:
-                        w(d + 1, f"s{k} = {_first(steps[k], val)}")
+                        w(d + 1, f"s{k} = {val}")
                     else:
                         w(d + 1, f"s{k} = {row if i == 0 else f's{k}'} {sym} {val}")
                 if stored is not None and last_pass:
@@ -796,7 +896,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                     if k in lane_reds:
                         sym = "*" if steps[k].fn == "prod" else "+"
                         at = f"a{k}[np.uint64(lo_{LANES[steps[k].dtype]} + j)]"
-                        w(dj, f"{at} = {_first(steps[k], val)}" if first
+                        w(dj, f"{at} = {val}" if first
                            else f"{at} = {at} {sym} {val}")
                     else:
                         w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
@@ -809,7 +909,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             # level through the cache. Rows from m on were never written: their pairs
             # are skipped, in the row by row form.
             ks = [k for k in lane_reds if LANES[steps[k].dtype] == nl]
-            w(depth, f"if m_{nl} == {nl} and kl <= {REGISTER_TREE_MAX}:")
+            w(depth, f"if m_{nl} == {nl} and {FLAT_ROW_MAX} < kl <= {REGISTER_TREE_MAX}:")
             w(depth + 1, "for j in range(kl):")
             for k in ks:
                 sym = "*" if steps[k].fn == "prod" else "+"
@@ -823,18 +923,26 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                     level += 1
                 w(depth + 2, f"a{k}[j] = {names[0]}")
             w(depth, "else:")
+            # Level by level: rows lr < hh with a partner lr + hh < m (rows from m on
+            # were never written) are the flat run [0, pairs * kl), the partners the run
+            # from hh * kl: one loop per level (a loop per pair cost short rows dearly).
             w(depth + 1, f"hh = {nl // 2}")
             w(depth + 1, "while hh >= 1:")
-            w(depth + 2, "for lr in range(hh):")
-            w(depth + 3, f"if lr + hh < m_{nl}:")
-            w(depth + 4, "lb = lr * kl")
-            w(depth + 4, "hb = (lr + hh) * kl")
-            w(depth + 4, "for j in range(kl):")
+            w(depth + 2, f"if hh < m_{nl}:")
             for k in ks:
-                sym = "*" if steps[k].fn == "prod" else "+"
-                w(depth + 5, f"a{k}[np.uint64(lb + j)] = a{k}[np.uint64(lb + j)] {sym} "
-                             f"a{k}[np.uint64(hb + j)]")
+                into = "mul_into" if steps[k].fn == "prod" else "add_into"
+                w(depth + 3, f"ln.{into}(a{k}, 0, a{k}, hh * kl, min(hh, m_{nl} - hh) * kl)")
             w(depth + 2, "hh //= 2")
+        # Lanes here start from their first element, where the lanes' definition starts
+        # them at +0: the two differ only in the sign of zero sums along the way (x + -0
+        # and x + +0 are x for any other x, and no sum of two values but -0 + -0 is -0),
+        # so a zero total is made +0 once per output, not each first element (that cost
+        # a sum over b of [512, 33, 100] 270 -> 320 us).
+        zero_signed = [k for k in lane_reds if steps[k].fn != "prod"]
+        if zero_signed:
+            w(depth, "for j in range(kl):")
+            for k in zero_signed:
+                w(depth + 1, f"a{k}[j] = ln.start_add(a{k}[j])")
         means = [k for k in reds if steps[k].fn == "mean"]
         if means:
             count = " * ".join(f"n{nk + a}" for a in range(nr))

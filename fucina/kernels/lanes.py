@@ -79,10 +79,10 @@ def splat(typingctx: Any, x: Any) -> Any:
 
 @intrinsic
 def start_add(typingctx: Any, x: Any) -> Any:
-    """``+0 + x``: what a lane of a sum holds after its first element (lanes start at
-    +0, so a -0 element leaves +0), for a kernel that writes a lane's first element
-    instead of adding it. Done on the bits: a kernel compiled with ``nsz`` folds a
-    float ``0 + x`` (or a select on ``x == 0``) to ``x``."""
+    """``+0 + x`` (-0 becomes +0), done on the bits: a kernel compiled with ``nsz`` folds a
+    float ``0 + x`` (or a select on ``x == 0``) to ``x``. Lanes start at +0, so no sum
+    is -0; a kernel whose lanes start from their first element instead gets the same
+    bits but for the sign of a zero total, which this mends."""
     if not _has_lanes(x):
         return None
     sig = x(x)
@@ -184,6 +184,92 @@ def _run(which: str) -> Any:
 add_run = _run("add")
 #: ``mul_run(lanes, arr, start, n)``: the product form of :data:`add_run`.
 mul_run = _run("mul")
+
+
+def _into(which: str, first: bool) -> Any:
+    def typer(typingctx: Any, dst: Any, dst_start: Any, src: Any, src_start: Any,
+              n: Any) -> Any:
+        if not (isinstance(dst, types.Array) and dst.ndim == 1 and _has_lanes(dst.dtype)
+                and isinstance(src, types.Array) and src.ndim == 1
+                and src.dtype == dst.dtype and all(isinstance(v, types.Integer)
+                                                   for v in (dst_start, src_start, n))):
+            return None
+        sig = types.none(dst, dst_start, src, src_start, n)
+
+        def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+            dv, ds, sv, ss, nv = args
+            ds, ss, nv = (context.cast(builder, v, t, types.int64)
+                          for v, t in zip((ds, ss, nv), signature.args[1::2] +
+                                          (signature.args[4],)))
+            dty, sty = signature.args[0], signature.args[2]
+            fty = context.get_value_type(dty.dtype)
+            nl = LANES[str(dty.dtype)]
+            vty = ir.VectorType(fty, nl)
+            align = context.get_abi_sizeof(fty)
+            dbase = builder.gep(context.make_array(dty)(context, builder, dv).data, [ds])
+            sbase = builder.gep(context.make_array(sty)(context, builder, sv).data, [ss])
+            op = builder.fadd if which == "add" else builder.fmul
+            neutral = ir.Constant(vty, [0.0 if which == "add" else 1.0] * nl)
+
+            def combine(x: Any, y: Any) -> Any:
+                # y None: a lane's first element, written as it is (see start_add)
+                return x if y is None else op(y, x)
+
+            groups = builder.udiv(nv, ir.Constant(_I64, nl))
+            with cgutils.for_range(builder, groups) as loop:
+                at = builder.mul(loop.index, ir.Constant(_I64, nl))
+                dp = builder.bitcast(builder.gep(dbase, [at]), vty.as_pointer())
+                x = builder.load(builder.bitcast(builder.gep(sbase, [at]), vty.as_pointer()),
+                                 align=align)
+                builder.store(combine(x, None if first else builder.load(dp, align=align)),
+                              dp, align=align)
+            done = builder.mul(groups, ir.Constant(_I64, nl))
+            tail = builder.sub(nv, done)
+            if _MASKED_LOADS:
+                ivec = ir.VectorType(_I32, nl)
+                with builder.if_then(builder.icmp_signed(">", tail, ir.Constant(_I64, 0))):
+                    count = builder.insert_element(ir.Constant(ivec, None),
+                                                   builder.trunc(tail, _I32),
+                                                   ir.Constant(_I32, 0))
+                    count = builder.shuffle_vector(count, count, ir.Constant(ivec, [0] * nl))
+                    keep = builder.icmp_unsigned("<", ir.Constant(ivec, list(range(nl))), count)
+                    name = f"v{nl}{vty.element.intrinsic_name}.p0"
+                    load = cgutils.get_or_insert_function(
+                        builder.module, ir.FunctionType(vty, [vty.as_pointer(), _I32,
+                                                              keep.type, vty]),
+                        f"llvm.masked.load.{name}")
+                    store = cgutils.get_or_insert_function(
+                        builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(),
+                                                                        _I32, keep.type]),
+                        f"llvm.masked.store.{name}")
+                    dp = builder.bitcast(builder.gep(dbase, [done]), vty.as_pointer())
+                    sp = builder.bitcast(builder.gep(sbase, [done]), vty.as_pointer())
+                    a = ir.Constant(_I32, align)
+                    x = builder.call(load, [sp, a, keep, neutral])
+                    y = None if first else builder.call(load, [dp, a, keep, neutral])
+                    builder.call(store, [combine(x, y), dp, a, keep])
+            else:  # one element at a time
+                with cgutils.for_range(builder, tail) as loop:
+                    i = builder.add(done, loop.index)
+                    dp = builder.gep(dbase, [i])
+                    x = builder.load(builder.gep(sbase, [i]))
+                    builder.store(combine(x, None if first else builder.load(dp)), dp)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+#: ``add_into(dst, i, src, j, n)``: ``dst[i + k] += src[j + k]`` for k < n, in vectors
+#: of the lane count with a masked tail: short runs (a few dozen elements) stay vector
+#: code, where a loop LLVM vectorizes 64 wide (16 lanes, 4 interleaved) runs scalar.
+add_into = _into("add", False)
+#: ``add_first(dst, i, src, j, n)``: ``dst[i + k] = src[j + k]`` (a lane's first element).
+add_first = _into("add", True)
+#: ``mul_into``/``mul_first``: the product forms (``*=``, ``= 1 * src``).
+mul_into = _into("mul", False)
+mul_first = _into("mul", True)
 
 
 def _total(which: str) -> Any:
