@@ -230,3 +230,7 @@ def test_short_kept_rows_reduce_max_and_min_in_the_row_form(ctx, monkeypatch, fn
     eager = getattr(x, fn)("b").numpy()
     np.testing.assert_array_equal(eager, getattr(np, fn)(v, axis=1))
     np.testing.assert_array_equal(F.compile(lambda t: getattr(t, fn)("b"))(x).numpy(), eager)
+    # an integer sum takes the row form too (exact in any order)
+    iv = _values("i32", shape)
+    xi = F.Tensor(*TAGS, dtype="i32").from_slice(ctx, shape, iv)
+    np.testing.assert_array_equal(xi.sum("b").numpy(), iv.astype(np.int64).sum(axis=1))

@@ -498,7 +498,8 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
                          uses_index, user_fns=user,
                          cache=all(user_fns.get(k).cacheable for k in user),
                          row_form=row_form,
-                         short_rows=nk >= 1 and loop_sizes[nk - 1] <= cg.FLAT_ROW_MAX)
+                         short_rows=(nk >= 1 and nr >= 1
+                                     and loop_sizes[nk - 1] <= cg.FLAT_ROW_MAX))
     return BuiltKernel(spec, [v for v, _ in inputs], outputs, int_args, params,
                        list(g.members), loop_sizes)
 
