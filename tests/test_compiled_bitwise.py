@@ -250,13 +250,15 @@ def test_middle_axis_lane_tree_forms(ctx: F.ExecContext, shape: tuple[int, ...])
     np.testing.assert_allclose(want, v.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("n", [7, 32, 40, 100, 600])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 9, 16, 17, 31, 32, 40, 100, 600])
 def test_short_kept_rows_read_as_flat_rounds_follow_the_lane_order(
         ctx: F.ExecContext, n: int) -> None:
     # Kept rows of 9 (f32) and 3 (f64) read as flat rounds of L * row elements: fewer
-    # steps than lanes (7), one round (32), a partial round (40), several rounds with
-    # register groups of 8 and 2 (100, 600). A sliced input (reduced stride not the row)
-    # takes the lane-by-lane loop; both give the lane order.
+    # steps than lanes (1 to 31 for f32, 1 to 9 for f64: one partial round, and every
+    # depth of the level-by-level tree with partners missing), one round (32), a
+    # partial round (17 and 40 for f64, 40), several rounds with register groups of 8
+    # and 2 (100, 600). A sliced input (reduced stride not the row) takes the
+    # lane-by-lane loop; both give the lane order.
     from fucina.ir.program import PARALLEL_MIN
     from fucina.kernels.codegen import FLAT_ROW_MAX
     rng = np.random.default_rng(n)
