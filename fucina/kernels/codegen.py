@@ -909,7 +909,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             # level through the cache. Rows from m on were never written: their pairs
             # are skipped, in the row by row form.
             ks = [k for k in lane_reds if LANES[steps[k].dtype] == nl]
-            w(depth, f"if m_{nl} == {nl} and {FLAT_ROW_MAX} < kl <= {REGISTER_TREE_MAX}:")
+            low = f"{FLAT_ROW_MAX} < " if spec.short_rows else ""
+            w(depth, f"if m_{nl} == {nl} and {low}kl <= {REGISTER_TREE_MAX}:")
             w(depth + 1, "for j in range(kl):")
             for k in ks:
                 sym = "*" if steps[k].fn == "prod" else "+"
@@ -926,12 +927,28 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             # Level by level: rows lr < hh with a partner lr + hh < m (rows from m on
             # were never written) are the flat run [0, pairs * kl), the partners the run
             # from hh * kl: one loop per level (a loop per pair cost short rows dearly).
+            # Kernels of short rows (the plan's short_rows) combine each level in one
+            # vector pass (lanes.add_into: the rows with a partner are one flat run), and
+            # rows up to FLAT_ROW_MAX take it rather than the register tree (too short a
+            # loop to vectorize). The others keep the loop per pair of rows: any change
+            # to their code moved a sum over b of [512, 33, 100] by 5-20% (one thread).
             w(depth + 1, f"hh = {nl // 2}")
             w(depth + 1, "while hh >= 1:")
-            w(depth + 2, f"if hh < m_{nl}:")
-            for k in ks:
-                into = "mul_into" if steps[k].fn == "prod" else "add_into"
-                w(depth + 3, f"ln.{into}(a{k}, 0, a{k}, hh * kl, min(hh, m_{nl} - hh) * kl)")
+            if spec.short_rows:
+                w(depth + 2, f"if hh < m_{nl}:")
+                for k in ks:
+                    into = "mul_into" if steps[k].fn == "prod" else "add_into"
+                    w(depth + 3, f"ln.{into}(a{k}, 0, a{k}, hh * kl, min(hh, m_{nl} - hh) * kl)")
+            else:
+                w(depth + 2, "for lr in range(hh):")
+                w(depth + 3, f"if lr + hh < m_{nl}:")
+                w(depth + 4, "lb = lr * kl")
+                w(depth + 4, "hb = (lr + hh) * kl")
+                w(depth + 4, "for j in range(kl):")
+                for k in ks:
+                    sym = "*" if steps[k].fn == "prod" else "+"
+                    w(depth + 5, f"a{k}[np.uint64(lb + j)] = a{k}[np.uint64(lb + j)] {sym} "
+                                 f"a{k}[np.uint64(hb + j)]")
             w(depth + 2, "hh //= 2")
         # Lanes here start from their first element, where the lanes' definition starts
         # them at +0: the two differ only in the sign of zero sums along the way (x + -0
