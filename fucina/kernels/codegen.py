@@ -903,6 +903,12 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                 if stored is not None and phase == nphases:
                     store_full(dj, loops)
         for nl in counts:
+            # Lanes here start from their first element, where the lanes' definition
+            # starts them at +0: the two differ only in the sign of zero sums along the
+            # way (x + -0 and x + +0 are x for any other x, and no sum of two values but
+            # -0 + -0 is -0), so a sum's total is made +0 if zero, once per output with
+            # the tree (each first element: a sum over b of [512, 33, 100] 270 -> 320
+            # us; a loop of its own after the register tree: 213 -> 247 us, one thread).
             # The lanes' halving tree over the lane rows (row i with row i + h). With
             # every row in use, the whole tree of each output runs in registers (one
             # loop, row 0 gets the result); a vector loop per pair of rows moved each
@@ -922,7 +928,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                         w(depth + 2, f"h{k}_{level}_{i} = {names[i]} {sym} {names[i + h]}")
                     names = [f"h{k}_{level}_{i}" for i in range(h)]
                     level += 1
-                w(depth + 2, f"a{k}[j] = {names[0]}")
+                total = names[0] if steps[k].fn == "prod" else f"ln.start_add({names[0]})"
+                w(depth + 2, f"a{k}[j] = {total}")
             w(depth, "else:")
             # Level by level: rows lr < hh with a partner lr + hh < m (rows from m on
             # were never written) are the flat run [0, pairs * kl), the partners the run
@@ -950,16 +957,11 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                     w(depth + 5, f"a{k}[np.uint64(lb + j)] = a{k}[np.uint64(lb + j)] {sym} "
                                  f"a{k}[np.uint64(hb + j)]")
             w(depth + 2, "hh //= 2")
-        # Lanes here start from their first element, where the lanes' definition starts
-        # them at +0: the two differ only in the sign of zero sums along the way (x + -0
-        # and x + +0 are x for any other x, and no sum of two values but -0 + -0 is -0),
-        # so a zero total is made +0 once per output, not each first element (that cost
-        # a sum over b of [512, 33, 100] 270 -> 320 us).
-        zero_signed = [k for k in lane_reds if steps[k].fn != "prod"]
-        if zero_signed:
-            w(depth, "for j in range(kl):")
-            for k in zero_signed:
-                w(depth + 1, f"a{k}[j] = ln.start_add(a{k}[j])")
+            zero_signed = [k for k in ks if steps[k].fn != "prod"]
+            if zero_signed:  # (unsigned indices: a signed one stops the loop vectorizing)
+                w(depth + 1, "for j in range(kl):")
+                for k in zero_signed:
+                    w(depth + 2, f"a{k}[np.uint64(j)] = ln.start_add(a{k}[np.uint64(j)])")
         means = [k for k in reds if steps[k].fn == "mean"]
         if means:
             count = " * ".join(f"n{nk + a}" for a in range(nr))
