@@ -112,8 +112,9 @@ class KernelSpec:
     # :func:`swapped`): the plan's choice for short kept rows.
     row_form: bool = False
     # The plan saw a short innermost kept row (<= FLAT_ROW_MAX): a swapped lane
-    # reduction also carries the flat rounds (carried always, their code slowed the
-    # lane-by-lane loop of other shapes: [512, 33, 100] 235 -> 275 us, one thread).
+    # reduction also carries the flat rounds and takes the level-by-level vector tree.
+    # (Carried by every kernel, that code slowed other shapes' loops: a sum over b of
+    # [512, 33, 100], one thread, 235 -> 275 us.)
     short_rows: bool = False
 
 
@@ -896,8 +897,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                     if k in lane_reds:
                         sym = "*" if steps[k].fn == "prod" else "+"
                         at = f"a{k}[np.uint64(lo_{LANES[steps[k].dtype]} + j)]"
-                        w(dj, f"{at} = {val}" if first
-                           else f"{at} = {at} {sym} {val}")
+                        w(dj, f"{at} = {val}" if first else f"{at} = {at} {sym} {val}")
                     else:
                         w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
                 if stored is not None and phase == nphases:
@@ -931,14 +931,13 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                 total = names[0] if steps[k].fn == "prod" else f"ln.start_add({names[0]})"
                 w(depth + 2, f"a{k}[j] = {total}")
             w(depth, "else:")
-            # Level by level: rows lr < hh with a partner lr + hh < m (rows from m on
-            # were never written) are the flat run [0, pairs * kl), the partners the run
-            # from hh * kl: one loop per level (a loop per pair cost short rows dearly).
             # Kernels of short rows (the plan's short_rows) combine each level in one
-            # vector pass (lanes.add_into: the rows with a partner are one flat run), and
-            # rows up to FLAT_ROW_MAX take it rather than the register tree (too short a
-            # loop to vectorize). The others keep the loop per pair of rows: any change
-            # to their code moved a sum over b of [512, 33, 100] by 5-20% (one thread).
+            # vector pass: rows lr < hh with a partner lr + hh < m (rows from m on were
+            # never written) are the flat run [0, pairs * kl), their partners the run
+            # from hh * kl (lanes.add_into); rows up to FLAT_ROW_MAX take it rather than
+            # the register tree, too short a loop to vectorize. The others keep the loop
+            # per pair of rows: any change to their code moved a sum over b of
+            # [512, 33, 100] by 5-20% (one thread).
             w(depth + 1, f"hh = {nl // 2}")
             w(depth + 1, "while hh >= 1:")
             if spec.short_rows:
