@@ -263,7 +263,7 @@ def _into(which: str, first: bool) -> Any:
 
 #: ``add_into(dst, i, src, j, n)``: ``dst[i + k] += src[j + k]`` for k < n, in vectors
 #: of the lane count with a masked tail: short runs (a few dozen elements) stay vector
-#: code, where a loop LLVM vectorizes 64 wide (16 lanes, 4 interleaved) runs scalar.
+#: code, where a loop LLVM vectorizes 32 wide (16 lanes, interleaved twice) runs scalar.
 add_into = _into("add", False)
 #: ``add_first(dst, i, src, j, n)``: ``dst[i + k] = src[j + k]`` (a lane's first element).
 add_first = _into("add", True)
