@@ -26,4 +26,12 @@ def values() -> dict[str, np.ndarray]:
     for name, fn in ops.items():
         out[name] = fn(t).numpy()
         out[f"{name} compiled"] = F.compile(fn)(t).numpy()
+    # short kept rows: the flat rounds and the level-by-level tree (lanes.add_into's
+    # vectors and masked tails differ in width between the paths), and max's row form
+    short = F.Tensor("a", "b", "c").randn(ctx, (6, 45, 9), 4)
+    for name, fn in {"short sum_b": lambda u: u.sum("b"),
+                     "short sq sum_b": lambda u: u.mul(u).sum("b"),
+                     "short max_b": lambda u: u.max("b")}.items():
+        out[name] = fn(short).numpy()
+        out[f"{name} compiled"] = F.compile(fn)(short).numpy()
     return out

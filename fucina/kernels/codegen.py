@@ -721,7 +721,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                 continue
             if pat[nk] != STRIDED or pat[last] != UNIT:
                 return None
-            names.append(names_in[st.arg])
+            if names_in[st.arg] not in names:
+                names.append(names_in[st.arg])
         return names
 
     def by_flat_rounds(d: int, closure: list[int], reds: list[int], nl: int) -> None:
@@ -740,18 +741,15 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                 steps[k].dtype == src.dtype for k in reds):
             # A bare input: each round is one vector pass of lanes.add_into (short runs
             # stay vector code there; see its docstring).
+            # The first round (or the partial one, if it is the only one) is copied.
             name = names_in[src.arg]
             for k in reds:
-                op = "mul" if steps[k].fn == "prod" else "add"
-                w(d, "if fr >= 1:")
-                w(d + 1, f"ln.{op}_first(a{k}, 0, {name}, b_{name}, span)")
+                into = "mul_into" if steps[k].fn == "prod" else "add_into"
+                w(d, f"ln.copy_into(a{k}, 0, {name}, b_{name}, span if fr >= 1 else fe)")
                 w(d, "for g in range(1, fr):")
-                w(d + 1, f"ln.{op}_into(a{k}, 0, {name}, b_{name} + g * span, span)")
-                w(d, "if fe > 0:")
-                w(d + 1, "if fr == 0:")
-                w(d + 2, f"ln.{op}_first(a{k}, 0, {name}, b_{name}, fe)")
-                w(d + 1, "else:")
-                w(d + 2, f"ln.{op}_into(a{k}, 0, {name}, b_{name} + fr * span, fe)")
+                w(d + 1, f"ln.{into}(a{k}, 0, {name}, b_{name} + g * span, span)")
+                w(d, "if fr >= 1 and fe > 0:")
+                w(d + 1, f"ln.{into}(a{k}, 0, {name}, b_{name} + fr * span, fe)")
             return
         w(d, "fo = 0")  # flat offset of the next round
 
@@ -801,7 +799,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             # Short kept rows read as flat rounds (by_flat_rounds) when the inputs are
             # laid out so: the kept row whole in this block, the reduced stride kl.
             conds = [f"kl == n{last}", f"kl <= {FLAT_ROW_MAX}"]
-            conds += [f"st_{name}_{nk} == kl" for name in dict.fromkeys(flat)]
+            conds += [f"st_{name}_{nk} == kl" for name in flat]
             w(depth, f"if {' and '.join(conds)}:")
             by_flat_rounds(depth + 1, closure, reds, nl)
             w(depth, "else:")

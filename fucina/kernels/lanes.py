@@ -102,6 +102,25 @@ def start_add(typingctx: Any, x: Any) -> Any:
 _MASKED_LOADS = llvm.llvm_version_info[0] >= 17
 
 
+def _tail_mask(builder: ir.IRBuilder, tail: Any, nl: int) -> Any:
+    """The ``<nl x i1>`` mask of lanes ``j < tail`` (``tail`` an i64 below ``nl``)."""
+    ivec = ir.VectorType(_I32, nl)
+    count = builder.insert_element(ir.Constant(ivec, None), builder.trunc(tail, _I32),
+                                   ir.Constant(_I32, 0))
+    count = builder.shuffle_vector(count, count, ir.Constant(ivec, [0] * nl))
+    return builder.icmp_unsigned("<", ir.Constant(ivec, list(range(nl))), count)
+
+
+def _masked(builder: ir.IRBuilder, kind: str, vty: ir.VectorType, mask: Any) -> Any:
+    """LLVM's ``llvm.masked.load`` or ``llvm.masked.store`` for vectors ``vty``: the
+    lanes off in the mask are neither read nor written."""
+    args: list[Any] = [vty.as_pointer(), _I32, mask.type, vty]
+    fnty = ir.FunctionType(vty, args) if kind == "load" else \
+        ir.FunctionType(ir.VoidType(), [vty, *args[:3]])
+    return cgutils.get_or_insert_function(
+        builder.module, fnty, f"llvm.masked.{kind}.v{vty.count}{vty.element.intrinsic_name}.p0")
+
+
 def _masked_tail(builder: ir.IRBuilder, which: str, lanes: Any, start: Any, tail: Any,
                  vty: ir.VectorType, align: int) -> None:
     """Add (or multiply) the ``tail`` < L elements at ``start`` into lanes 0..tail-1.
@@ -113,19 +132,12 @@ def _masked_tail(builder: ir.IRBuilder, which: str, lanes: Any, start: Any, tail
     went through memory: on Zen 5, a row of 31 float32 cost 132 ns against 1.3 ns
     for a row of 32 (now 1.3 ns both).
     """
-    nl = vty.count
-    ivec = ir.VectorType(_I32, nl)
     with builder.if_then(builder.icmp_signed(">", tail, ir.Constant(_I64, 0))):
-        count = builder.insert_element(ir.Constant(ivec, None), builder.trunc(tail, _I32),
-                                       ir.Constant(_I32, 0))
-        count = builder.shuffle_vector(count, count, ir.Constant(ivec, [0] * nl))
-        keep = builder.icmp_unsigned("<", ir.Constant(ivec, list(range(nl))), count)
-        neutral = ir.Constant(vty, [0.0 if which == "add" else 1.0] * nl)
-        fnty = ir.FunctionType(vty, [vty.as_pointer(), _I32, keep.type, vty])
-        load = cgutils.get_or_insert_function(
-            builder.module, fnty, f"llvm.masked.load.v{nl}{vty.element.intrinsic_name}.p0")
-        x = builder.call(load, [builder.bitcast(start, vty.as_pointer()),
-                                ir.Constant(_I32, align), keep, neutral])
+        keep = _tail_mask(builder, tail, vty.count)
+        neutral = ir.Constant(vty, [0.0 if which == "add" else 1.0] * vty.count)
+        x = builder.call(_masked(builder, "load", vty, keep),
+                         [builder.bitcast(start, vty.as_pointer()),
+                          ir.Constant(_I32, align), keep, neutral])
         cur = builder.load(lanes)
         combined = builder.fadd(cur, x) if which == "add" else builder.fmul(cur, x)
         builder.store(builder.select(keep, combined, cur), lanes)
@@ -186,7 +198,7 @@ add_run = _run("add")
 mul_run = _run("mul")
 
 
-def _into(which: str, first: bool) -> Any:
+def _into(which: str) -> Any:
     def typer(typingctx: Any, dst: Any, dst_start: Any, src: Any, src_start: Any,
               n: Any) -> Any:
         if not (isinstance(dst, types.Array) and dst.ndim == 1 and _has_lanes(dst.dtype)
@@ -197,23 +209,23 @@ def _into(which: str, first: bool) -> Any:
         sig = types.none(dst, dst_start, src, src_start, n)
 
         def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+            dty, dst_start_t, sty, src_start_t, n_t = signature.args
             dv, ds, sv, ss, nv = args
-            ds, ss, nv = (context.cast(builder, v, t, types.int64)
-                          for v, t in zip((ds, ss, nv), signature.args[1::2] +
-                                          (signature.args[4],)))
-            dty, sty = signature.args[0], signature.args[2]
+            ds = context.cast(builder, ds, dst_start_t, types.int64)
+            ss = context.cast(builder, ss, src_start_t, types.int64)
+            nv = context.cast(builder, nv, n_t, types.int64)
             fty = context.get_value_type(dty.dtype)
             nl = LANES[str(dty.dtype)]
             vty = ir.VectorType(fty, nl)
             align = context.get_abi_sizeof(fty)
             dbase = builder.gep(context.make_array(dty)(context, builder, dv).data, [ds])
             sbase = builder.gep(context.make_array(sty)(context, builder, sv).data, [ss])
-            op = builder.fadd if which == "add" else builder.fmul
-            neutral = ir.Constant(vty, [0.0 if which == "add" else 1.0] * nl)
 
-            def combine(x: Any, y: Any) -> Any:
-                # y None: a lane's first element, written as it is (see start_add)
-                return x if y is None else op(y, x)
+            def combine(dp: Any, x: Any, load_dst: Any) -> Any:
+                if which == "copy":  # (dst is not read)
+                    return x
+                y = load_dst(dp)
+                return builder.fadd(y, x) if which == "add" else builder.fmul(y, x)
 
             groups = builder.udiv(nv, ir.Constant(_I64, nl))
             with cgutils.for_range(builder, groups) as loop:
@@ -221,39 +233,27 @@ def _into(which: str, first: bool) -> Any:
                 dp = builder.bitcast(builder.gep(dbase, [at]), vty.as_pointer())
                 x = builder.load(builder.bitcast(builder.gep(sbase, [at]), vty.as_pointer()),
                                  align=align)
-                builder.store(combine(x, None if first else builder.load(dp, align=align)),
-                              dp, align=align)
+                builder.store(combine(dp, x, lambda p: builder.load(p, align=align)), dp,
+                              align=align)
             done = builder.mul(groups, ir.Constant(_I64, nl))
             tail = builder.sub(nv, done)
             if _MASKED_LOADS:
-                ivec = ir.VectorType(_I32, nl)
                 with builder.if_then(builder.icmp_signed(">", tail, ir.Constant(_I64, 0))):
-                    count = builder.insert_element(ir.Constant(ivec, None),
-                                                   builder.trunc(tail, _I32),
-                                                   ir.Constant(_I32, 0))
-                    count = builder.shuffle_vector(count, count, ir.Constant(ivec, [0] * nl))
-                    keep = builder.icmp_unsigned("<", ir.Constant(ivec, list(range(nl))), count)
-                    name = f"v{nl}{vty.element.intrinsic_name}.p0"
-                    load = cgutils.get_or_insert_function(
-                        builder.module, ir.FunctionType(vty, [vty.as_pointer(), _I32,
-                                                              keep.type, vty]),
-                        f"llvm.masked.load.{name}")
-                    store = cgutils.get_or_insert_function(
-                        builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(),
-                                                                        _I32, keep.type]),
-                        f"llvm.masked.store.{name}")
+                    keep = _tail_mask(builder, tail, nl)
+                    load = _masked(builder, "load", vty, keep)
+                    a = ir.Constant(_I32, align)
+                    off = ir.Constant(vty, None)
                     dp = builder.bitcast(builder.gep(dbase, [done]), vty.as_pointer())
                     sp = builder.bitcast(builder.gep(sbase, [done]), vty.as_pointer())
-                    a = ir.Constant(_I32, align)
-                    x = builder.call(load, [sp, a, keep, neutral])
-                    y = None if first else builder.call(load, [dp, a, keep, neutral])
-                    builder.call(store, [combine(x, y), dp, a, keep])
+                    x = builder.call(load, [sp, a, keep, off])
+                    y = combine(dp, x, lambda p: builder.call(load, [p, a, keep, off]))
+                    builder.call(_masked(builder, "store", vty, keep), [y, dp, a, keep])
             else:  # one element at a time
                 with cgutils.for_range(builder, tail) as loop:
                     i = builder.add(done, loop.index)
                     dp = builder.gep(dbase, [i])
                     x = builder.load(builder.gep(sbase, [i]))
-                    builder.store(combine(x, None if first else builder.load(dp)), dp)
+                    builder.store(combine(dp, x, builder.load), dp)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -263,13 +263,14 @@ def _into(which: str, first: bool) -> Any:
 
 #: ``add_into(dst, i, src, j, n)``: ``dst[i + k] += src[j + k]`` for k < n, in vectors
 #: of the lane count with a masked tail: short runs (a few dozen elements) stay vector
-#: code, where a loop LLVM vectorizes 32 wide (16 lanes, interleaved twice) runs scalar.
-add_into = _into("add", False)
-#: ``add_first(dst, i, src, j, n)``: ``dst[i + k] = src[j + k]`` (a lane's first element).
-add_first = _into("add", True)
-#: ``mul_into``/``mul_first``: the product forms (``*=``, ``= 1 * src``).
-mul_into = _into("mul", False)
-mul_first = _into("mul", True)
+#: code, where a loop LLVM vectorizes 32 wide (AVX-512: 16 lanes, interleaved twice)
+#: runs scalar.
+add_into = _into("add")
+#: ``mul_into(dst, i, src, j, n)``: ``dst[i + k] *= src[j + k]``.
+mul_into = _into("mul")
+#: ``copy_into(dst, i, src, j, n)``: ``dst[i + k] = src[j + k]`` (the lanes' first
+#: elements, sum or product: see :func:`start_add`).
+copy_into = _into("copy")
 
 
 def _total(which: str) -> Any:
