@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from isa_values import values
+from isa_values import chain_stages, values
 
 from fucina import bench
 from fucina.kernels import isa
@@ -87,7 +87,7 @@ sys.path.insert(0, {tests!r})
 from fucina.kernels import vecmath as vm
 import isa_values
 _, cpu, features = vm.codegen_target()
-print(vm.wide_vectors(), "+avx512f" in features.split(","))
+print(vm.wide_vectors(), "+avx512f" in features.split(","), isa_values.chain_stages())
 np.savez({path!r}, **isa_values.values())
 """
 
@@ -101,7 +101,9 @@ def test_the_avx2_path_gives_the_host_paths_bits(tmp_path):
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ["False", "False"]  # no 512-bit vectors, no AVX-512F
+    # no 512-bit vectors, no AVX-512F; the chain staged as on the host
+    assert res.stdout.split() == ["False", "False", "2"]
+    assert chain_stages() == 2
     narrow = np.load(path)
     host = values()  # this process: the host's target
     assert sorted(narrow.files) == sorted(host)

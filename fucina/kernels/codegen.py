@@ -38,7 +38,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .lanes import LANES, SCRATCH
-from .vecmath import wide_vectors
 
 #: Operand pattern per loop axis.
 BCAST, STRIDED, UNIT = "b", "s", "u"
@@ -302,10 +301,12 @@ def stored_value(spec: KernelSpec) -> int | None:
 #: block, whose cost it amortized.
 STRIP_BLOCK = 256
 
-#: Whether pointwise chains are strip-mined (:func:`strip_stages`). Only with 512-bit
-#: vectors, where the fused tanh-then-sigmoid loop was measured to spill (issue 13); on
-#: an AVX2 Zen 3 the staged kernel measured the same as the fused one, so it stays off.
-STRIP_MINING = wide_vectors()
+#: Whether pointwise chains are strip-mined (:func:`strip_stages`): on both vector paths.
+#: The fused tanh-then-sigmoid loop spills with 512-bit vectors (issue 13), and with
+#: 256-bit ones too, having half the registers: on the AVX2 path (one thread, 1M) the
+#: chain went 1.35-1.40 -> 0.97-1.27 ms staged. (On Zen 3 the first staged kernel, with
+#: 4096-element blocks and rows allocated per block, had measured the same as fused.)
+STRIP_MINING = True
 
 
 def strip_stages(spec: KernelSpec) -> list[list[int]]:
