@@ -142,3 +142,24 @@ def test_masked_scatter_rejects_a_non_tag_values_tag(ctx):
         with pytest.raises(TypeError, match="values_tag"):
             x.masked_scatter(mask, bad, v)
     np.testing.assert_array_equal(x.masked_scatter(mask, "v", v).numpy(), [7.0, 2.0, 8.0])
+
+
+@pytest.mark.parametrize("bad", [np.array([1, 2]), ["lt"], 3, None])
+def test_string_choices_refuse_arrays_and_other_types_by_name(ctx, bad):
+    # in0.compare(array([1, 2]), nan): `op not in ("eq", ...)` compared the array with each
+    # string elementwise and escaped with numpy's "truth value of an array ... ambiguous"
+    # ValueError. Every string choice now checks the type first (arguments.choice_arg).
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 2), [1.0, 2.0, 3.0, 4.0])
+    calls = {
+        "compare op": lambda: x.compare(bad, 1.0),
+        "matmul kind": lambda: x.matmul(x, bad, ("a", "b")),
+        "eps_mode": lambda: x.standardize_axis("b", eps_mode=bad),
+        "accumulation": lambda: x.standardize_axis("b", accumulation=bad),
+        "reduction": lambda: x.mse_loss(x, reduction=bad),
+        "rope: mode": lambda: x.rope("a", "b", {"theta": 10000.0}, bad),
+    }
+    for what, call in calls.items():
+        with pytest.raises(F.TagError, match=f"{what} must be one of"):
+            call()
+    with pytest.raises(F.TagError, match="ddof must be 0 or 1"):
+        x.standardize_axis("b", ddof=bad)

@@ -19,13 +19,22 @@ from typing import Any
 import numpy as np
 
 from ..argnames import bad_argument
-from ..errors import InvalidShape
+from ..errors import InvalidShape, TagError
 from ..runtime.raw import MAX_ELEMENTS, MAX_ELEMENTS_TEXT
 
 
 def is_int(v: object) -> bool:
     """A Python or numpy integer that is not a bool."""
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def choice_arg(v: Any, allowed: tuple[str, ...], what: str) -> str:
+    """``v`` if it is one of the strings ``allowed``, else :class:`TagError` naming
+    ``what``. Checks the type first: ``array in tuple`` would compare elementwise and
+    raise numpy's ambiguous-truth error instead."""
+    if not isinstance(v, str) or v not in allowed:
+        raise TagError(f"{what} must be one of {allowed}, got {v!r}")
+    return v
 
 
 def int_arg(v: Any, name: str) -> int:

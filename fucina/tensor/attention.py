@@ -31,6 +31,7 @@ from ..ir.execute import emit
 from ..ir.graph import Node, leaf
 from ..runtime.gradmode import is_grad_enabled, no_grad
 from ..runtime.raw import RawTensor
+from .arguments import choice_arg
 from .base import Tensor, check_tensor, host_indices, result, same_ctx
 from .unary import f32_param
 
@@ -173,8 +174,7 @@ class Attention(Tensor):
         kind = _kind(k, "k")
         if _kind(v, "v") != kind:
             raise TagError("grouped_attention: k and v must be the same representation")
-        if mask not in _MASKS:
-            raise TagError(f"grouped_attention: mask must be one of {_MASKS}, got {mask!r}")
+        choice_arg(mask, _MASKS, "grouped_attention: mask")
         causal = mask == "causal"
         w = _window(window)
         if w and not causal:

@@ -18,6 +18,7 @@ from ..ir import quantized
 from ..ir.execute import emit
 from ..ir.graph import Node
 from . import fast
+from .arguments import choice_arg
 from .base import Tensor, check_tensor, result, same_ctx, sizes_of, tensor_list
 from .math import binary
 
@@ -213,8 +214,7 @@ class Matmul(Tensor):
         """
         check_tensor(other)
         same_ctx(self, other)
-        if kind not in _KINDS:
-            raise TagError(f"matmul kind must be one of {_KINDS}, got {kind!r}")
+        choice_arg(kind, _KINDS, "matmul kind")
         if self.dtype is not DType.f32 or other.dtype is not DType.f32:
             raise TagError("matmul takes f32 operands; use dot for typed operands")
         ra, rb = self.tag_count, other.tag_count

@@ -38,7 +38,7 @@ from ..ir.graph import Node, leaf
 from ..kernels.losses import STAT_KEEP, STAT_LOSS
 from ..runtime.gradmode import is_grad_enabled, no_grad
 from ..runtime.raw import RawTensor, contiguous_strides
-from .arguments import real_arg
+from .arguments import choice_arg, real_arg
 from .base import Tensor, align_node, check_tensor, result, same_ctx
 
 if TYPE_CHECKING:
@@ -54,9 +54,7 @@ BCE_EPS = 1e-7
 
 
 def _reduction(reduction: str, allowed: tuple[str, ...] = _REDUCTIONS) -> str:
-    if reduction not in allowed:
-        raise TagError(f"reduction must be one of {allowed}, got {reduction!r}")
-    return reduction
+    return choice_arg(reduction, allowed, "reduction")
 
 
 def _ce_options(reduction: str, ignore_index: Any, label_smoothing: Any,

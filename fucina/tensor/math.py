@@ -26,7 +26,7 @@ from ..ir.graph import Node
 from ..kernels.cache import SIZE_SOURCES
 from ..runtime.lru import LRU
 from . import fast
-from .arguments import real_arg
+from .arguments import choice_arg, real_arg
 from .base import (
     Tensor,
     align_node,
@@ -377,8 +377,7 @@ class Ordering(Tensor):
     def compare(self, op: str, other: Tensor | float) -> BoolTensor:
         """bool mask of ``self <op> other`` (op one of "eq", "ne", "lt", "le", "gt",
         "ge"); ``other`` a same-tagged tensor of self's dtype, or a number."""
-        if op not in _CMP:
-            raise TagError(f"compare op must be one of {_CMP}, got {op!r}")
+        choice_arg(op, _CMP, "compare op")
         if _is_number(other):
             return _compare_number(self, op, other)
         check_tensor(other)

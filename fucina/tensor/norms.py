@@ -23,6 +23,7 @@ from ..errors import InvalidShape, ShapeMismatch, TagError
 from ..ir.autodiff import broadcast_back
 from ..ir.execute import emit
 from ..ir.graph import Node
+from .arguments import choice_arg, is_int
 from .base import Tensor, align_node, check_tensor, result, same_ctx
 from .math import forward_only
 from .structural import _const
@@ -267,13 +268,10 @@ class NormsF32(Tensor):
         zero gradient.
         """
         axes = _axes(self, tag)
-        if isinstance(ddof, bool) or ddof not in (0, 1):
+        if not is_int(ddof) or ddof not in (0, 1):
             raise TagError(f"standardize_axis ddof must be 0 or 1, got {ddof!r}")
-        if eps_mode not in _EPS_MODES:
-            raise TagError(f"eps_mode must be one of {_EPS_MODES}, got {eps_mode!r}")
-        if accumulation not in _ACCUMULATIONS:
-            raise TagError(f"accumulation must be one of {_ACCUMULATIONS}, got "
-                           f"{accumulation!r}")
+        choice_arg(eps_mode, _EPS_MODES, "eps_mode")
+        choice_arg(accumulation, _ACCUMULATIONS, "accumulation")
         e = _eps(eps)
         dim = self.shape[axes[0]]
         n = dim

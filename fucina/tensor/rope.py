@@ -27,6 +27,7 @@ from ..ir.graph import Node, leaf
 from ..runtime import rope as R
 from ..runtime.raw import RawTensor
 from ..runtime.rope import RopeTable, RopeTheta
+from .arguments import choice_arg
 from .base import Tensor, check_tensor, result, same_ctx
 
 if TYPE_CHECKING:
@@ -179,8 +180,7 @@ class Rope(Tensor):
         Differentiable in ``self``.
         """
         pa, fa = T.rope_axes(self.axis_tags, position_tag, feature_tag)
-        if mode not in ROPE_MODES:
-            raise TagError(f"rope: mode must be one of {ROPE_MODES}, got {mode!r}")
+        choice_arg(mode, ROPE_MODES, "rope: mode")
         shape = self.shape
         P, D = shape[pa], shape[fa]
         cos, sin, span = _source(self, source, P, D)
