@@ -163,3 +163,14 @@ def test_string_choices_refuse_arrays_and_other_types_by_name(ctx, bad):
             call()
     with pytest.raises(F.TagError, match="ddof must be 0 or 1"):
         x.standardize_axis("b", ddof=bad)
+
+
+def test_add_dot_refuses_an_array_for_its_contract_tag(ctx):
+    # out1.add_dot(in5, in6, array([1, 2])): `a.axis_tags[1] != contract` compared a tag
+    # with the array elementwise and escaped with numpy's ambiguous-truth ValueError.
+    c = F.Tensor("b", "c").zeros(ctx, (2, 2))
+    a = F.Tensor("b", "f").from_slice(ctx, (2, 2), [1.0, 2.0, 3.0, 4.0])
+    b = F.Tensor("f", "c").from_slice(ctx, (2, 2), [1.0, 0.0, 0.0, 1.0])
+    with pytest.raises(F.TagError, match="tag name"):
+        c.add_dot(a, b, np.array([1, 2]))
+    np.testing.assert_array_equal(c.add_dot(a, b, "f").numpy(), [[1, 2], [3, 4]])

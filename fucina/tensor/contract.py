@@ -255,6 +255,7 @@ class Matmul(Tensor):
         b [contract, cols], self exactly [rows, cols]; f32, differentiable in all three."""
         check_tensor(a, "a")
         check_tensor(b, "b")
+        T.check_tag(contract)
         same_ctx(self, a, b)
         for x in (self, a, b):
             if x.dtype is not DType.f32:
