@@ -174,3 +174,19 @@ def test_add_dot_refuses_an_array_for_its_contract_tag(ctx):
     with pytest.raises(F.TagError, match="tag name"):
         c.add_dot(a, b, np.array([1, 2]))
     np.testing.assert_array_equal(c.add_dot(a, b, "f").numpy(), [[1, 2], [3, 4]])
+
+
+def test_tag_and_layout_arguments_refuse_arrays_by_name(ctx):
+    # The same ambiguous-truth escape, found by probing every str parameter of the tensor
+    # methods with an array: has_tag, snake's channel tag (the rank-1 parameter check),
+    # pack_rhs_layout's layout.
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 2), [1.0, 2.0, 3.0, 4.0])
+    alpha = F.Tensor("b").from_slice(ctx, (2,), [1.0, 1.0])
+    bad = np.array([1, 2])
+    with pytest.raises(F.TagError, match="tag name"):
+        x.has_tag(bad)
+    assert x.has_tag("b") and not x.has_tag("c") and not x.has_tag("not a tag")
+    with pytest.raises(F.TagError, match="tag name"):
+        x.snake(bad, alpha, alpha)
+    with pytest.raises(F.TagError, match="pack_rhs_layout: layout must be one of"):
+        x.pack_rhs_layout(bad)

@@ -237,7 +237,9 @@ class Tensor(metaclass=_TensorMeta):
 
     @classmethod
     def has_tag(cls, tag: str) -> bool:
-        """Whether the type carries ``tag``."""
+        """Whether the type carries ``tag`` (a str; anything else is a TagError)."""
+        if not isinstance(tag, str):
+            T.check_tag(tag)  # raises, naming what was passed
         return tag in cls.axis_tags
 
     def dim(self, tag: str) -> int:

@@ -85,6 +85,7 @@ def param_vector(self: Any, p: Any, tag: str, what: str, numeric_ok: bool = Fals
     ``p`` must be tagged ``(tag,)`` (or ``("_0",)`` when ``numeric_ok``), have
     ``self``'s dtype and ``self.dim(tag)`` elements.
     """
+    T.check_tag(tag)
     check_tensor(p, what)
     same_ctx(self, p)
     allowed = ((tag,), ("_0",)) if numeric_ok else ((tag,),)

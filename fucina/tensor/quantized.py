@@ -15,6 +15,7 @@ from ..dtypes import DType
 from ..errors import GradientQuantizedMatmulUnsupported, ShapeMismatch, TagError
 from ..ir import quantized as Q
 from ..kernels.qmatmul import PackedRhs
+from .arguments import choice_arg
 from .base import Tensor, check_tensor, operand_requires_grad, result, same_ctx
 
 if TYPE_CHECKING:
@@ -135,4 +136,5 @@ class PackRhs(Tensor):
 
     def pack_rhs_layout(self, layout: str) -> PackedRhs:
         """``pack_rhs`` with an explicit layout name (``"dense_f32"`` or ``"blocks"``)."""
-        return Q.pack_nodes(self._node, layout)
+        return Q.pack_nodes(self._node, choice_arg(layout, ("dense_f32", "blocks"),
+                                                   "pack_rhs_layout: layout"))
