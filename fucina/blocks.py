@@ -327,15 +327,13 @@ BLOCK_SIZES: dict[str, int] = {
 
 def block_size(dtype: str) -> int:
     """Logical elements per block of a block-quantized dtype name."""
-    try:
-        return BLOCK_SIZES[dtype]
-    except KeyError:
-        raise ValueError(f"{dtype!r} is not a block-quantized dtype") from None
+    if not isinstance(dtype, str) or dtype not in BLOCK_SIZES:
+        raise ValueError(f"{dtype!r} is not a block-quantized dtype name")
+    return BLOCK_SIZES[dtype]
 
 
 def block_byte_size(dtype: str) -> int:
     """Bytes per block of a block-quantized dtype name."""
-    try:
-        return BLOCK_DTYPES[dtype].itemsize
-    except KeyError:
-        raise ValueError(f"{dtype!r} is not a block-quantized dtype") from None
+    if not isinstance(dtype, str) or dtype not in BLOCK_SIZES:
+        raise ValueError(f"{dtype!r} is not a block-quantized dtype name")
+    return BLOCK_DTYPES[dtype].itemsize

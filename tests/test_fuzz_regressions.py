@@ -190,3 +190,12 @@ def test_tag_and_layout_arguments_refuse_arrays_by_name(ctx):
         x.snake(bad, alpha, alpha)
     with pytest.raises(F.TagError, match="pack_rhs_layout: layout must be one of"):
         x.pack_rhs_layout(bad)
+
+
+def test_block_size_functions_refuse_unhashable_dtypes_by_name():
+    # F.block_size(np.array([1, 2])) escaped with Python's "unhashable type" TypeError.
+    assert F.block_size("q4_k") == 256 and F.block_byte_size("q8_0") == 34
+    for fn in (F.block_size, F.block_byte_size):
+        for bad in (np.array([1, 2]), ["q8_0"], {}, "f32"):
+            with pytest.raises(ValueError, match="is not a block-quantized dtype name"):
+                fn(bad)
