@@ -199,3 +199,27 @@ def test_block_size_functions_refuse_unhashable_dtypes_by_name():
         for bad in (np.array([1, 2]), ["q8_0"], {}, "f32"):
             with pytest.raises(ValueError, match="is not a block-quantized dtype name"):
                 fn(bad)
+
+
+def test_flags_refuse_arrays_by_name(ctx):
+    # sort(..., descending=array([1, 2])) and the other yes/no arguments tested the
+    # array's truth value: numpy's ambiguous-truth ValueError escaped.
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [3.0, 1.0, 2.0, 0.5, 0.25, 0.75])
+    p = F.Tensor("a", "b").from_slice(ctx, (2, 3), [0.5, 0.25, 0.25, 0.2, 0.3, 0.5])
+    bad = np.array([1, 2])
+    calls = {
+        "descending": [lambda: x.sort("b", descending=bad),
+                       lambda: x.argsort("b", descending=bad)],
+        "replacement": [lambda: p.multinomial("b", "s", 2, 0, bad)],
+        "from_logits": [lambda: p.bce_loss(p, from_logits=bad)],
+        "log_target": [lambda: p.log().kl_div_loss(p, log_target=bad)],
+        "normalize_selected": [lambda: x.router_top_k("b", 2, normalize_selected=bad)],
+    }
+    for name, fns in calls.items():
+        for fn in fns:
+            with pytest.raises(TypeError, match=f"argument '{name}' expects a bool"):
+                fn()
+    # bools, numpy bools and 0/1 still mean what they did
+    np.testing.assert_array_equal(x.argsort("b", descending=np.bool_(True)).numpy(),
+                                  [[0, 2, 1], [2, 0, 1]])
+    np.testing.assert_array_equal(x.argsort("b", descending=0).numpy(), [[1, 2, 0], [1, 0, 2]])

@@ -37,6 +37,14 @@ def choice_arg(v: Any, allowed: tuple[str, ...], what: str) -> str:
     return v
 
 
+def flag_arg(v: Any, name: str) -> bool:
+    """A yes/no argument: a Python or numpy bool, or the ints 0 and 1, as a bool
+    (an array's truth value would be numpy's ambiguous-truth error)."""
+    if isinstance(v, (bool, np.bool_)) or (is_int(v) and v in (0, 1)):
+        return bool(v)
+    raise TypeError(bad_argument(name, v, "a bool"))
+
+
 def int_arg(v: Any, name: str) -> int:
     """An integer argument (Python or numpy int, never bool or float) as a Python int."""
     if not is_int(v):

@@ -38,7 +38,7 @@ from ..ir.graph import Node, leaf
 from ..kernels.losses import STAT_KEEP, STAT_LOSS
 from ..runtime.gradmode import is_grad_enabled, no_grad
 from ..runtime.raw import RawTensor, contiguous_strides
-from .arguments import choice_arg, real_arg
+from .arguments import choice_arg, flag_arg, real_arg
 from .base import Tensor, align_node, check_tensor, result, same_ctx
 
 if TYPE_CHECKING:
@@ -414,7 +414,7 @@ class Losses(Tensor):
         _reduction(reduction)
         y = _target(self, target)
         x = self._node
-        if from_logits:
+        if flag_arg(from_logits, "from_logits"):
             per = _bin("sub", _unary("softplus", x), _bin("mul", x, y))
         else:
             p = _unary("clamp", x, (BCE_EPS, 1.0 - BCE_EPS))
@@ -434,7 +434,7 @@ class Losses(Tensor):
         _reduction(reduction)
         t = _target(self, target)
         x = self._node
-        if log_target:
+        if flag_arg(log_target, "log_target"):
             per = _bin("mul", _unary("exp", t), _bin("sub", t, x))
         else:
             zero = emit("compare", (t,), fn="eq", value=0.0)

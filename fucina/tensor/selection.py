@@ -24,6 +24,7 @@ from ..ir.execute import emit
 from ..ir.graph import Node
 from ..kernels import selection as K
 from ..rng import MASK64
+from .arguments import flag_arg
 from .base import Tensor, new, readable, result, tensor_type
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class Selection(Tensor):
         axis = T.index(self.axis_tags, tag)
         n = self._node.shape[axis]
         idx = emit("topk_index", (self._node,), axis=axis, k=n, sort=True,
-                   descending=bool(descending))
+                   descending=flag_arg(descending, "descending"))
         vals = _gathered(self, axis, idx)
         return TopKResult(result(self, self.axis_tags, vals, DType.f32),
                           _indices(self, self.axis_tags, idx))
@@ -106,7 +107,7 @@ class Selection(Tensor):
         axis = T.index(self.axis_tags, tag)
         n = self._node.shape[axis]
         idx = emit("topk_index", (self._node,), axis=axis, k=n, sort=True,
-                   descending=bool(descending))
+                   descending=flag_arg(descending, "descending"))
         return _indices(self, self.axis_tags, idx)
 
     def multinomial(self, class_tag: str, out_tag: str, num_samples: int, seed: int,
@@ -130,11 +131,12 @@ class Selection(Tensor):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an integer, got {seed!r}")
         n = self._node.shape[axis]
+        replacement = flag_arg(replacement, "replacement")
         if not replacement and num > n:
             raise InvalidShape(f"multinomial without replacement: {num} samples from {n} "
                                f"classes")
         node = emit("multinomial", (self._node,), axis=axis, k=num, seed=int(seed) & MASK64,
-                    replacement=bool(replacement))
+                    replacement=replacement)
         return _indices(self, out, node)
 
     def router_top_k(self, expert_tag: str, k: int, selected: np.ndarray | None = None,
@@ -165,7 +167,7 @@ class Selection(Tensor):
         wts = _out_array(weights, rows * k, "weights", "f", np.float32)
         s2 = np.empty((rows, k), np.int64)
         w2 = np.empty((rows, k), np.float32)
-        K.router_rows(x, k, bool(normalize_selected), s2, w2)
+        K.router_rows(x, k, flag_arg(normalize_selected, "normalize_selected"), s2, w2)
         sel.reshape(-1)[...] = s2.reshape(-1)
         wts.reshape(-1)[...] = w2.reshape(-1)
         return RouterTopKResult(sel, wts)
