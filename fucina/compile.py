@@ -43,8 +43,9 @@ import numpy as np
 from . import captures as cap
 from . import plain_lane
 from .dtypes import DType
-from .errors import TagError, UnsupportedGradient
+from .errors import TagError, TensorError, UnsupportedGradient
 from .ir import autodiff
+from .ir.checks import reads_index_values
 from .ir.execute import current_tracer, emit, set_tracer
 from .ir.graph import Node, leaf
 from .ir.ops import OPS, OpDef
@@ -167,9 +168,13 @@ class _Tracer:
         self.arg_writes: dict[int, str] = {}    # argument index -> the helper writing into it
         self.consumed: list[int] = []           # arguments a take_* op consumes
         self._local: set[int] = set()           # updated program constants: no write-back
+        self.checked: list[Node] = []           # ops whose index values eager checks
 
     def record(self, node: Node) -> None:
-        """Nothing to keep: the program is reached from its outputs."""
+        """Keeps the ops that read index values: the program checks them even when
+        nothing reads their result (the rest is reached from the outputs)."""
+        if reads_index_values(node):
+            self.checked.append(node)
 
     def gradient(self, leaf_: Node, grad: Node) -> None:
         self.grads.append((leaf_, grad))
@@ -390,6 +395,28 @@ def _check_argument_updates(entry: _Entry, a: _Args, found: list[Any]) -> None:
                     f"{what} inside fucina.compile writes into argument {k}, whose storage "
                     f"{who} shares: the program reads its inputs as they were at the call; "
                     "pass tensors with their own storage or call the function eagerly")
+
+
+def _prefix_checks(tracer: _Tracer, a: _Args) -> None:
+    """After the traced function raised: raise instead the index error an op traced
+    before that point meets on these arguments, as eager, which checks each op's index
+    values when it runs, would have. Returns when there is none (or no way to tell)."""
+    if not tracer.checked:
+        return
+    ins: list[RawTensor] = []
+    for kind, v in tracer.bindings:
+        if kind == "arg":
+            ins.append(a.tensors[v]._node.value)
+        elif kind == "slot":
+            ins.append(tracer.caps.slots[v]._node.value)
+        elif kind == "pinned":
+            ins.append(v.value)
+        else:  # an accumulated gradient: leave the function's own error
+            return
+    try:
+        Program(tracer.inputs, [], (), tracer.checked).run(ins)
+    except TensorError as err:
+        raise err from None
 
 
 class _Entry:
@@ -678,15 +705,20 @@ class Compiled:
         prev = set_tracer(tracer)
         prev_obs = set_read_observer(tracer.read)
         try:
-            out = self.fn(*sargs, **skw)
-            self._check_return(out)
-            structure = flatten(out)
-        finally:
-            set_read_observer(prev_obs)
-            set_tracer(prev)
+            try:
+                out = self.fn(*sargs, **skw)
+                self._check_return(out)
+                structure = flatten(out)
+            finally:
+                set_read_observer(prev_obs)
+                set_tracer(prev)
+        except Exception:
+            _prefix_checks(tracer, a)  # an index error eager meets first wins
+            raise
         by_id = {id(n): k for k, n in enumerate(tracer.inputs)}
         targets = [by_id.get(id(leaf_), leaf_) for leaf_, _ in tracer.grads]
-        program = Program(tracer.inputs, flat + [g for _, g in tracer.grads], tracer.writes())
+        program = Program(tracer.inputs, flat + [g for _, g in tracer.grads], tracer.writes(),
+                          tracer.checked)
         # Each result lives on the context of the input it came from (or its own).
         ctx_rep: dict[int, tuple[str, Any]] = {}
         for k, t in enumerate(a.tensors):

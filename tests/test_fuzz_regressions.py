@@ -223,3 +223,54 @@ def test_flags_refuse_arrays_by_name(ctx):
     np.testing.assert_array_equal(x.argsort("b", descending=np.bool_(True)).numpy(),
                                   [[0, 2, 1], [2, 0, 1]])
     np.testing.assert_array_equal(x.argsort("b", descending=0).numpy(), [[1, 2, 0], [1, 0, 2]])
+
+
+def test_an_unused_index_op_is_still_checked_compiled(ctx):
+    # A program that drops an index_select's result ran no check of its indices: eager
+    # raised IndexOutOfBounds, compiled returned a result. Its checks now run whatever
+    # reads the result, on the first (tracing) call and on cached calls alike.
+    x = F.Tensor("b", "c").from_slice(ctx, (2, 2), [1.0, 2.0, 3.0, 4.0])
+    I = F.Tensor("a", dtype="i64")
+    good, bad = I.from_slice(ctx, (2,), [0, 1]), I.from_slice(ctx, (2,), [0, 5])
+
+    def f(x, i):
+        x.index_select("b", i, "a")
+        return x.exp()
+
+    fast = F.compile(f)
+    np.testing.assert_allclose(fast(x, good).numpy(), f(x, good).numpy())
+    for g in (f, fast, F.compile(f)):  # eager, a cached program, a first trace
+        with pytest.raises(F.IndexOutOfBounds, match="index 5 out of range for 'b'"):
+            g(x, bad)
+
+
+def test_an_index_error_before_a_trace_error_wins_as_in_eager(ctx):
+    # new shapes [in0.index_select('b', in1, 'a'), from_numpy(np.float64(nan))]: eager
+    # raised IndexOutOfBounds at the first call, compiled the TypeError the second call
+    # raises while tracing (the index values are only checked when the program runs).
+    x = F.Tensor("b", "c").from_slice(ctx, (2, 2), [1.0, 2.0, 3.0, 4.0])
+    I = F.Tensor("a", dtype="i64")
+    good, bad = I.from_slice(ctx, (2,), [0, 1]), I.from_slice(ctx, (2,), [0, 5])
+
+    def f(x, i):
+        y = x.index_select("b", i, "a")
+        F.Tensor("q").from_numpy(ctx, np.float64("nan"))
+        return y
+
+    for g in (f, F.compile(f)):
+        with pytest.raises(F.IndexOutOfBounds, match="index 5"):
+            g(x, bad)
+        with pytest.raises(TypeError, match="expects a numpy array"):
+            g(x, good)
+
+
+def test_cross_entropy_refuses_an_ignore_index_beyond_int64(ctx):
+    # in0.cross_entropy('b', [0], ignore_index=2**70): Python's OverflowError escaped.
+    x = F.Tensor("a", "b").from_slice(ctx, (1, 2), [0.5, 1.5])
+    with pytest.raises(F.InvalidShape, match="ignore_index must fit in int64"):
+        x.cross_entropy("b", [0], ignore_index=2**70)
+    with pytest.raises(F.InvalidShape, match="ignore_index must fit in int64"):
+        x.cross_entropy("b", [0], ignore_index=-(2**63) - 1)
+    want = np.log1p(np.exp(1.0))  # -log softmax([0.5, 1.5])[0]
+    np.testing.assert_allclose(x.cross_entropy("b", [0], ignore_index=2**63 - 1).numpy(),
+                               want, rtol=1e-6)

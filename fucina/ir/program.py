@@ -124,15 +124,19 @@ class Program:
     """
 
     def __init__(self, inputs: list[Node], outputs: list[Node],
-                 writes: list[tuple[int, Node]] | tuple[()] = ()):
+                 writes: list[tuple[int, Node]] | tuple[()] = (),
+                 checks: list[Node] | tuple[()] = ()):
         self.inputs = inputs
-        roots = list(outputs) + [v for _, v in writes]
+        # ``checks``: ops that read index values, run (and so checked) even when nothing
+        # reads their result, as eager checks every such op when it runs.
+        roots = list(outputs) + [v for _, v in writes] + list(checks)
         order = topo_order(roots)
         order, roots = _cse(order, roots)
         order = gemm_into_copies(order, roots)
         outputs = roots[:len(outputs)]
         self.outputs = outputs
-        self.writes = [(k, v) for (k, _), v in zip(writes, roots[len(outputs):])]
+        self.writes = [(k, v) for (k, _), v in
+                       zip(writes, roots[len(outputs):len(outputs) + len(writes)])]
         self.nodes = order
         # Buffers: every non-view node owns its value's storage.
         owner: dict[int, Node] = {}

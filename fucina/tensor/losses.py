@@ -64,6 +64,9 @@ def _ce_options(reduction: str, ignore_index: Any, label_smoothing: Any,
     if ignore_index is not None and (isinstance(ignore_index, bool)
                                      or not isinstance(ignore_index, (int, np.integer))):
         raise TypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
+    if ignore_index is not None and not -(2**63) <= int(ignore_index) < 2**63:
+        raise InvalidShape(f"ignore_index must fit in int64 (labels are i64), got "
+                           f"{ignore_index}")
     smooth = real_arg(label_smoothing, "label_smoothing")
     if not 0.0 <= smooth < 1.0:
         raise InvalidShape(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
