@@ -415,8 +415,10 @@ def _prefix_checks(tracer: _Tracer, a: _Args) -> None:
             return
     try:
         Program(tracer.inputs, [], (), tracer.checked).run(ins)
-    except TensorError as err:
+    except TensorError as err:  # a check's error (IndexOutOfBounds, ...)
         raise err from None
+    except Exception:  # nothing eager would have met first: the function's own error
+        return
 
 
 class _Entry:
