@@ -392,13 +392,19 @@ def test_workers_serve_jobs_natively_only_on_a_quiet_machine(monkeypatch):
         time.sleep(0.005)
     assert seen == []  # busy: workers go to sleep at once
     monkeypatch.setattr(pool, "_QUIET", _Judge(True))
+
+    def serving() -> bool:
+        hits = np.zeros(n, np.int64)
+        pool.run(_count, n, (n, hits), native)
+        assert (hits == 1).all()
+        time.sleep(0.005)
+        return bool(pool._RING.box[3] >= 1)
+
     try:
-        for _ in range(5):
-            hits = np.zeros(n, np.int64)
-            pool.run(_count, n, (n, hits), native)
-            assert (hits == 1).all()
-            time.sleep(0.005)
-        assert pool._RING.box[3] >= 1  # a worker is serving natively now
+        # A serving worker steps out every 10 ms to have the machine judged, and on a
+        # loaded host it may not get a core at once (CI failed on a single look, with a
+        # fuzz run beside it): keep posting until one is seen serving natively.
+        assert _wait_for(serving)
     finally:
         pool.lend_cores()  # the serving worker goes to sleep
     # it stops because the cores were lent (before, it may have come back to have the
