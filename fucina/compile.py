@@ -169,6 +169,9 @@ class _Tracer:
         self.consumed: list[int] = []           # arguments a take_* op consumes
         self._local: set[int] = set()           # updated program constants: no write-back
         self.checked: list[Node] = []           # ops whose index values eager checks
+        # id(input) -> (offset, storage size) of the tensor traced for it: a view's reach is
+        # checked against it at trace time where eager would meet that error first.
+        self._storage: dict[int, tuple[int, int]] = {}
 
     def record(self, node: Node) -> None:
         """Keeps the ops that read index values: the program checks them even when
@@ -183,9 +186,15 @@ class _Tracer:
                   binding: tuple[str, Any]) -> Node:
         node = Node("input", (), {"index": len(self.inputs)}, RawTensor.symbolic_like(raw),
                     tags, requires_grad)
+        if raw.storage.buf is not None:
+            self._storage[id(node)] = (raw.offset, raw.storage.buf.size)
         self.inputs.append(node)
         self.bindings.append(binding)
         return node
+
+    def storage_of(self, node: Node) -> tuple[int, int] | None:
+        """(offset, storage size) of the concrete tensor traced as input ``node``."""
+        return self._storage.get(id(node))
 
     def lift(self, node: Node) -> Node:
         """The program value a traced op reads for a concrete tensor (after any assign)."""

@@ -274,3 +274,23 @@ def test_cross_entropy_refuses_an_ignore_index_beyond_int64(ctx):
     want = np.log1p(np.exp(1.0))  # -log softmax([0.5, 1.5])[0]
     np.testing.assert_allclose(x.cross_entropy("b", [0], ignore_index=2**63 - 1).numpy(),
                                want, rtol=1e-6)
+
+
+def test_a_strided_view_past_its_storage_is_the_same_error_compiled(ctx):
+    # traced inputs [in0.view_with_strides(('f',), (2,), (1000000000,))] on a variable:
+    # eager raised InvalidDataLength (the view's reach against the storage), compiled
+    # UnsupportedGradient (the trace knew no storage size, so the gradient check came
+    # first). The trace now checks the reach against the traced argument's storage.
+    w = F.Tensor("a").variable_from_slice(ctx, (2,), [1.0, 2.0])
+
+    def past(w):
+        return w.view_with_strides(("f",), (2,), (10**9,))
+
+    def inside(w):
+        return w.view_with_strides(("f",), (2,), (1,)).exp()
+
+    for g in (past, F.compile(past)):
+        with pytest.raises(F.InvalidDataLength, match="reaches element 1000000000, storage "
+                                                        "holds 2"):
+            g(w)
+    np.testing.assert_allclose(F.compile(inside)(w).numpy(), np.exp([1.0, 2.0]), rtol=1e-6)

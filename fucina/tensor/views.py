@@ -26,7 +26,7 @@ from ..errors import (
     UnsupportedGradient,
     UnsupportedView,
 )
-from ..ir.execute import emit
+from ..ir.execute import current_tracer, emit
 from ..ir.graph import Node
 from ..runtime.raw import contiguous_strides
 from .arguments import int_arg, int_seq_arg, optional_int_arg, sizes_arg
@@ -336,11 +336,15 @@ class StridedViews(Tensor):
             raise InvalidShape(f"view_with_strides: negative strides {st}")
         if raw.dtype.block_size != 1:
             raise UnsupportedView("view_with_strides is for scalar dtypes")
-        last = raw.offset + sum((d - 1) * s for d, s in zip(shp, st))
-        if raw.storage.buf is not None and last >= raw.storage.buf.size:
+        reach = sum((d - 1) * s for d, s in zip(shp, st))
+        storage = None if raw.storage.buf is None else (raw.offset, raw.storage.buf.size)
+        tracer = current_tracer()
+        if storage is None and tracer is not None:  # a traced argument: the call's storage
+            storage = tracer.storage_of(node)       # (so the error is eager's, not the grad one)
+        if storage is not None and storage[0] + reach >= storage[1]:
             raise InvalidDataLength(
-                f"view_with_strides: the view reaches element {last}, storage holds "
-                f"{raw.storage.buf.size}")
+                f"view_with_strides: the view reaches element {storage[0] + reach}, storage "
+                f"holds {storage[1]}")
         index = None
         if node.requires_grad:
             if not raw.is_contiguous():
