@@ -294,3 +294,13 @@ def test_a_strided_view_past_its_storage_is_the_same_error_compiled(ctx):
                                                         "holds 2"):
             g(w)
     np.testing.assert_allclose(F.compile(inside)(w).numpy(), np.exp([1.0, 2.0]), rtol=1e-6)
+
+
+def test_a_rank_0_strided_view_holds_one_element(ctx):
+    # in0.view_with_strides([], (2,), (0,)) made a tensor with no tags and two elements,
+    # whose numpy() then failed ("cannot reshape array of size 2 into shape ()").
+    x = F.Tensor("a").from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+    with pytest.raises(F.InvalidShape, match="no tags holds one element, got shape"):
+        x.view_with_strides([], (2,), (0,))
+    one = x.view_with_strides([], (1,), (0,))
+    assert one.tag_count == 0 and float(one.numpy().reshape(-1)[0]) == 1.0

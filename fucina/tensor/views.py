@@ -332,6 +332,9 @@ class StridedViews(Tensor):
         st = int_seq_arg(strides, "strides")
         if len(st) != len(shp):
             raise InvalidShape(f"view_with_strides: shape {shp} / strides {st} do not fit {tgt}")
+        if not tgt and shp != (1,):  # a rank-0 tensor is one element, stored as shape (1,)
+            raise InvalidShape(f"view_with_strides: a view with no tags holds one element, "
+                               f"got shape {shp}")
         if any(s < 0 for s in st):
             raise InvalidShape(f"view_with_strides: negative strides {st}")
         if raw.dtype.block_size != 1:
