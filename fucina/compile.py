@@ -193,8 +193,10 @@ class _Tracer:
         return node
 
     def storage_of(self, node: Node) -> tuple[int, int] | None:
-        """(offset, storage size) of the concrete tensor traced as input ``node``."""
-        return self._storage.get(id(node))
+        """(offset, storage size) in the concrete storage of the tensor traced for
+        ``node``: an input, or a view of one (its offset is relative to the input's)."""
+        hit = self._storage.get(id(self._root(node)))
+        return None if hit is None else (hit[0] + node.value.offset, hit[1])
 
     def lift(self, node: Node) -> Node:
         """The program value a traced op reads for a concrete tensor (after any assign)."""

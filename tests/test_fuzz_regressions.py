@@ -289,10 +289,17 @@ def test_a_strided_view_past_its_storage_is_the_same_error_compiled(ctx):
     def inside(w):
         return w.view_with_strides(("f",), (2,), (1,)).exp()
 
+    def past_a_view(w4):  # a view of the argument: its offset counts too
+        return w4.narrow("a", 1, 2).view_with_strides(("f",), (2,), (3,))
+
+    w4 = F.Tensor("a").variable_from_slice(ctx, (4,), [1.0, 2.0, 3.0, 4.0])
     for g in (past, F.compile(past)):
         with pytest.raises(F.InvalidDataLength, match="reaches element 1000000000, storage "
                                                         "holds 2"):
             g(w)
+    for g in (past_a_view, F.compile(past_a_view)):
+        with pytest.raises(F.InvalidDataLength, match="reaches element 4, storage holds 4"):
+            g(w4)
     np.testing.assert_allclose(F.compile(inside)(w).numpy(), np.exp([1.0, 2.0]), rtol=1e-6)
 
 

@@ -38,8 +38,9 @@ class Tracer(Protocol):
         its newest value after an in-place update."""
 
     def storage_of(self, node: Node) -> tuple[int, int] | None:
-        """(offset, storage size) of the concrete tensor traced as input ``node``, when
-        known: a view's reach is checked against it at trace time, as eager would."""
+        """(offset, storage size) in the concrete storage traced for ``node`` (an input
+        or a view of one), when known: a view's reach is checked against it at trace
+        time, as eager would."""
 
     def lift(self, node: Node) -> Node:
         """The value a traced op reads for a concrete (data-holding) input node.
