@@ -325,15 +325,19 @@ BLOCK_SIZES: dict[str, int] = {
 """Logical elements per block, keyed by lowercase dtype name."""
 
 
-def block_size(dtype: str) -> int:
-    """Logical elements per block of a block-quantized dtype name."""
+def _block_name(dtype: object) -> str:
+    """``dtype`` if it names a block-quantized dtype, else ValueError (the type first:
+    an array is no key)."""
     if not isinstance(dtype, str) or dtype not in BLOCK_SIZES:
         raise ValueError(f"{dtype!r} is not a block-quantized dtype name")
-    return BLOCK_SIZES[dtype]
+    return dtype
+
+
+def block_size(dtype: str) -> int:
+    """Logical elements per block of a block-quantized dtype name."""
+    return BLOCK_SIZES[_block_name(dtype)]
 
 
 def block_byte_size(dtype: str) -> int:
     """Bytes per block of a block-quantized dtype name."""
-    if not isinstance(dtype, str) or dtype not in BLOCK_SIZES:
-        raise ValueError(f"{dtype!r} is not a block-quantized dtype name")
-    return BLOCK_DTYPES[dtype].itemsize
+    return BLOCK_DTYPES[_block_name(dtype)].itemsize

@@ -14,12 +14,6 @@ import fucina as F
 from fucina.kernels import codegen as cg
 
 
-@pytest.fixture(autouse=True)
-def _staged(monkeypatch):
-    """Strip-mining is on by default; these tests need it whatever a run sets."""
-    monkeypatch.setattr(cg, "STRIP_MINING", True)
-
-
 def _both(fn, *args):
     """(staged result, fused result, staged kernel source) of ``fn`` compiled twice."""
     staged = F.compile(fn)

@@ -241,6 +241,10 @@ def _k_dot_packed(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> n
     return pack.matmul(ins[0])
 
 
+#: The layouts a PackedRhs has: weights of scalar dtypes widened to f32, or the blocks.
+PACK_LAYOUTS = ("dense_f32", "blocks")
+
+
 def pack_nodes(wn: Node, layout: str | None) -> Any:
     """The PackedRhs of a rank-2 weight (``layout`` None picks the dtype's default)."""
     from ..errors import TagError, UnsupportedView

@@ -301,13 +301,6 @@ def stored_value(spec: KernelSpec) -> int | None:
 #: block, whose cost it amortized.
 STRIP_BLOCK = 256
 
-#: Whether pointwise chains are strip-mined (:func:`strip_stages`): on both vector paths.
-#: The fused tanh-then-sigmoid loop spills with 512-bit vectors (issue 13), and with
-#: 256-bit ones too, having half the registers: on the AVX2 path (one thread, 1M) the
-#: chain went 1.35-1.40 -> 0.97-1.27 ms staged. (On Zen 3 the first staged kernel, with
-#: 4096-element blocks and rows allocated per block, had measured the same as fused.)
-STRIP_MINING = True
-
 
 def strip_stages(spec: KernelSpec) -> list[list[int]]:
     """The stages of a strip-mined pointwise kernel (step indices), or [] to fuse as usual.
@@ -319,20 +312,22 @@ def strip_stages(spec: KernelSpec) -> list[list[int]]:
     expressions, so the values are those of the fused loop. Loads are repeated in
     each stage that reads them (the block is still in L1).
 
+    Both vector paths stage: the fused tanh-then-sigmoid body spills with 512-bit
+    vectors (issue 13) and with 256-bit ones too, having half the registers (AVX2 path
+    on a Zen 5, one thread, 1M elements: 1.35-1.40 ms fused, 0.97-1.27 ms staged).
+
     A kernel with :attr:`KernelSpec.staged_stores` runs in blocks even with one stage
     (see :func:`_strip_body`).
     """
     steps = spec.steps
     if spec.nr != 0 or spec.nk == 0 or spec.uses_index:
         return []
-    if not (STRIP_MINING or spec.staged_stores):
-        return []
     # Without reduced axes every step and output is kept-level.
     if any(st.kind not in ("load", "ew") or st.level != "kept" for st in steps) \
             or any(op.level != "kept" for op, _ in spec.outputs):
         return []
     order = _closure(steps, [k for _, k in spec.outputs], "kept")
-    costly = [k for k in order if _calls(steps[k])] if STRIP_MINING else []
+    costly = [k for k in order if _calls(steps[k])]
     if len(costly) < 2:
         one = [k for k in order if steps[k].kind != "load"]
         return [one] if spec.staged_stores else []

@@ -136,5 +136,5 @@ class PackRhs(Tensor):
 
     def pack_rhs_layout(self, layout: str) -> PackedRhs:
         """``pack_rhs`` with an explicit layout name (``"dense_f32"`` or ``"blocks"``)."""
-        return Q.pack_nodes(self._node, choice_arg(layout, ("dense_f32", "blocks"),
-                                                   "pack_rhs_layout: layout"))
+        return Q.pack_nodes(self._node,
+                            choice_arg(layout, Q.PACK_LAYOUTS, "pack_rhs_layout: layout"))
