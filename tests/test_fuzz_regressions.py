@@ -311,3 +311,28 @@ def test_a_rank_0_strided_view_holds_one_element(ctx):
         x.view_with_strides([], (2,), (0,))
     one = x.view_with_strides([], (1,), (0,))
     assert one.tag_count == 0 and float(one.numpy().reshape(-1)[0]) == 1.0
+
+
+def test_an_unused_integer_division_still_checks_its_divisor_compiled(ctx):
+    # [in0.sub(in1), in0.div_floor(in2), in3.log()]: eager raised DivisionByZero at the
+    # division; compiled dropped the unused division (and its check) and raised the
+    # trace error of the later bf16 log instead, or nothing at all.
+    I = F.Tensor("a", dtype="i32")
+    x = I.from_slice(ctx, (2,), [4, 5])
+    zero = I.from_slice(ctx, (2,), [0, 1])
+    ok = I.from_slice(ctx, (2,), [2, 1])
+
+    def unused(a, b):
+        a.div_floor(b)
+        return a + b
+
+    def then_trace_error(a, b):
+        a % b
+        return F.Tensor("a", dtype="bf16").from_slice(ctx, (2,), [1, 2]).log() + a
+
+    for fn in (unused, then_trace_error):
+        fast = F.compile(fn)
+        for f in (fn, fast):
+            with pytest.raises(F.DivisionByZero, match="the divisor holds a zero"):
+                f(x, zero)
+    np.testing.assert_array_equal(F.compile(unused)(x, ok).numpy(), [6, 6])

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IndexOutOfBounds, InvalidShape
+from ..errors import DivisionByZero, IndexOutOfBounds, InvalidShape
 from .graph import Node
 
 #: op -> check over (inputs, attrs) for index data held in the attributes.
@@ -145,7 +145,23 @@ VALUE_CHECKS.update({
 #: it is one (below it the index is an attribute, checked when the node is built).
 _OPTIONAL_INDEX_INPUT = {"gather": 1, "scatter_axis_add": 1, "index_add": 2, "set_index": 2}
 
+#: Integer divisions (``binary`` ops): a zero divisor raises before the kernel runs.
+INT_DIVISION = frozenset({"div_trunc", "div_floor", "rem", "mod"})
 
-def reads_index_values(node: Node) -> bool:
-    """Whether running ``node`` needs a value check of an index input first."""
+
+def _divisor_value(inputs: Sequence[Node], attrs: dict[str, Any],
+                   arrays: list[np.ndarray]) -> None:
+    if attrs["fn"] in INT_DIVISION and not np.all(arrays[1]):
+        raise DivisionByZero(f"{attrs['fn']}: the divisor holds a zero")
+
+
+VALUE_CHECKS["binary"] = _divisor_value
+
+
+def needs_value_check(node: Node) -> bool:
+    """Whether running ``node`` needs a check of its input values first (index data, an
+    integer divisor): eager checks every such op, so a program runs it even when nothing
+    reads its result."""
+    if node.op == "binary":
+        return node.attrs.get("fn") in INT_DIVISION
     return node.op in VALUE_CHECKS and len(node.inputs) > _OPTIONAL_INDEX_INPUT.get(node.op, 0)

@@ -30,7 +30,7 @@ from ..runtime.storage import (
     Storage,
     storage_for,
 )
-from .checks import VALUE_CHECKS, reads_index_values
+from .checks import VALUE_CHECKS, needs_value_check
 from .fusion import BuiltKernel, Fuser, build
 from .gemm_layout import gemm_into_copies
 from .graph import Node, topo_order
@@ -127,8 +127,8 @@ class Program:
                  writes: list[tuple[int, Node]] | tuple[()] = (),
                  checks: list[Node] | tuple[()] = ()):
         self.inputs = inputs
-        # ``checks``: ops that read index values, run (and so checked) even when nothing
-        # reads their result, as eager checks every such op when it runs.
+        # ``checks``: ops that check input values (index data, integer divisors), run (and
+        # so checked) even when nothing reads their result, as eager checks each one.
         roots = list(outputs) + [v for _, v in writes] + list(checks)
         order = topo_order(roots)
         order, roots = _cse(order, roots)
@@ -197,7 +197,7 @@ class Program:
         for u in order:
             unit = units[u]
             if isinstance(unit, Node):
-                if reads_index_values(unit):  # index values are checked before any read
+                if needs_value_check(unit):  # input values are checked before any read
                     steps.append(Step("check", node=unit))
                 steps.append(Step("ref", node=unit, gemm=gemm_plan(unit)))
                 continue
