@@ -2,9 +2,11 @@
 
 Before tracing, :func:`discover` walks what the function can reach: its
 closure cells, the globals its code names, its defaults, and from there into
-lists, tuples, dicts, the attributes of objects (those some reachable code
-mentions by name), bound methods, ``functools.partial`` and other compiled
-functions. Each thing found is remembered with the *path* that reached it
+lists, tuples, deques, dicts, the attributes of objects (those some reachable
+code mentions by name or as a string constant; all of them where the code
+uses ``getattr``, ``vars`` or ``__dict__``), user classes (class attributes,
+and their methods with what those read), bound methods, ``functools.partial``
+and other compiled functions. Each thing found is remembered with the *path* that reached it
 (``closure cell 'w'``, ``global 'model' . attr 'layers' [2] . attr 'w'``):
 
 - a tensor becomes a capture slot: if the trace uses it, it is an implicit
@@ -20,13 +22,18 @@ the dict that method returns (read again at every call) instead of its
 attributes.
 
 The walk stops at library modules (numpy, fucina, the standard library, ...),
-classes, contexts and objects it cannot look into; those are neither guarded
-nor tracked. Limits (depth, object count) keep it bounded.
+library classes and contexts; an object it cannot look into (a library
+object) is guarded by identity only. Limits (depth, object count) keep it
+bounded.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
+import decimal
 import enum
+import fractions
 import functools
 import sys
 import types
@@ -57,10 +64,22 @@ CAPTURE_VIEW = "__fucina_captures__"
 
 #: Internal objects never looked into (contexts, IR nodes, raw tensors, storages).
 _OPAQUE = frozenset({ExecContext, Node, RawTensor, Storage})
+#: Methods of a user class a traced call does not run: not walked (a counter that
+#: ``__init__`` bumps must not retrace every call).
+_NOT_CALLED_BY_TRACE = frozenset({
+    "__init__", "__new__", "__del__", "__repr__", "__str__", "__init_subclass__",
+    "__post_init__", "__set_name__", "__class_getitem__", "__getstate__", "__setstate__",
+    "__reduce__", "__reduce_ex__"})
 
 #: Values guarded by equality (a compiled call retraces when one differs).
 PRIMITIVES = (int, float, complex, str, bytes, bool, type(None), slice, range, enum.Enum,
-              np.generic)
+              np.generic, decimal.Decimal, fractions.Fraction)
+#: Library classes that are plain attribute holders (configs): walked like user objects.
+NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
+#: Names whose use reads attributes the code does not spell out (``getattr(m, name)``,
+#: ``vars(m)[...]``, ``m.__dict__[...]``): where reachable code mentions one, every
+#: attribute of the objects walked is followed, not only the mentioned ones.
+DYNAMIC_ATTRS = frozenset({"getattr", "vars", "__dict__"})
 
 Step = tuple[str, Any]
 Path = tuple[Step, ...]
@@ -81,6 +100,8 @@ def _code_names(code: types.CodeType, out: set[str]) -> None:
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             _code_names(c, out)
+        elif isinstance(c, str) and c.isidentifier():  # getattr(m, "w"), d["key"]
+            out.add(c)
 
 
 def _walkable_type(cls: type) -> bool:
@@ -88,6 +109,11 @@ def _walkable_type(cls: type) -> bool:
     top = (getattr(cls, "__module__", None) or "").partition(".")[0]
     return (bool(top) and (top == "fucina" or top not in LIBRARY_PACKAGES)
             and cls not in _OPAQUE)
+
+
+def _user_class(cls: type) -> bool:
+    """A class defined in user code: its class attributes and methods are walked."""
+    return _user_module(getattr(cls, "__module__", None)) and cls not in _OPAQUE
 
 
 def _class_names(cls: type, out: set[str]) -> None:
@@ -339,6 +365,8 @@ class _Walker:
         self.active: set[int] = set()  # ids of the objects on the current path
         self.count = 0
         self.new_names: set[str] = set()
+        self.classes: set[type] = set()  # user classes whose attributes were walked
+        self.dynamic = bool(names & DYNAMIC_ATTRS)
 
     def mention(self, code: types.CodeType) -> None:
         _code_names(code, self.new_names)
@@ -355,10 +383,14 @@ class _Walker:
         if isinstance(obj, PRIMITIVES):
             caps.add_check(path, Check("eq", obj))
             return
-        if isinstance(obj, (ExecContext, type, types.ModuleType)) and not (
-                isinstance(obj, types.ModuleType) and _user_module(obj.__name__)):
-            if isinstance(obj, type):  # a rebound class changes what runs
-                caps.add_check(path, Check("is", obj))
+        if isinstance(obj, type):
+            caps.add_check(path, Check("is", obj))  # a rebound class changes what runs
+            if _user_class(obj) and obj not in self.classes and depth <= MAX_DEPTH:
+                self.classes.add(obj)  # (its attributes are guarded along the first path)
+                self._class(obj, path, depth)
+            return
+        if isinstance(obj, ExecContext) or type(obj) in _OPAQUE or (
+                isinstance(obj, types.ModuleType) and not _user_module(obj.__name__)):
             return
         # Cycles stop at an ancestor; an object shared by two paths is walked (and
         # guarded) along both, so rebinding either path is seen.
@@ -375,7 +407,7 @@ class _Walker:
         caps = self.caps
         if isinstance(obj, np.ndarray):
             caps.add_check(path, Check("eq", obj.copy()))
-        elif isinstance(obj, (list, tuple)):
+        elif isinstance(obj, (list, tuple, collections.deque)):
             self._sequence(obj, path, depth)
         elif isinstance(obj, dict):
             self._dict(obj, path, depth)
@@ -383,6 +415,8 @@ class _Walker:
             if all(isinstance(x, PRIMITIVES) for x in obj):
                 caps.add_check(path, Check("eq", frozenset(obj) if isinstance(obj, frozenset)
                                            else set(obj)))
+            else:
+                caps.add_check(path, Check("is", obj))
         elif isinstance(obj, types.FunctionType):
             self._function(obj, path, depth)
         elif isinstance(obj, types.MethodType):
@@ -406,10 +440,13 @@ class _Walker:
             if len(path) > 1:
                 caps.add_check(path, Check("is", obj))
             self.visit(_compiled_fn(obj), path + (("attr", "fn"),), depth + 1)
-        elif _walkable_type(type(obj)):
+        elif _walkable_type(type(obj)) or type(obj) in NAMESPACES:
             self._instance(obj, path, depth)
+        else:  # an object the walk cannot look into: rebinding it at least retraces
+            caps.add_check(path, Check("is", obj))
 
-    def _sequence(self, obj: list[Any] | tuple[Any, ...], path: Path, depth: int) -> None:
+    def _sequence(self, obj: list[Any] | tuple[Any, ...] | collections.deque[Any],
+                  path: Path, depth: int) -> None:
         if all(isinstance(x, PRIMITIVES) for x in obj):
             self.caps.add_check(path, Check("seq", (type(obj), tuple(obj),
                                                     tuple(map(type, obj)))))
@@ -421,7 +458,8 @@ class _Walker:
     def _dict(self, obj: dict[Any, Any], path: Path, depth: int) -> None:
         keys = tuple(obj)
         if not all(isinstance(k, PRIMITIVES) for k in keys):
-            return  # keys the guard cannot compare by value: not tracked
+            self.caps.add_check(path, Check("is", obj))  # keys not comparable by value
+            return
         if all(isinstance(v, PRIMITIVES) for v in obj.values()):
             self.caps.add_check(path, Check("eq", dict(obj)))
             return
@@ -462,15 +500,58 @@ class _Walker:
             attrs.update(d)
         for klass in type(obj).__mro__:
             for name in getattr(klass, "__slots__", ()):
-                if isinstance(name, str) and hasattr(obj, name):
-                    attrs.setdefault(name, getattr(obj, name))
-        for name in sorted(self.names & set(attrs)):
+                if isinstance(name, str):
+                    try:
+                        attrs.setdefault(name, getattr(obj, name))
+                    except Exception:  # an unset slot (or a __getattr__ that raises)
+                        pass
+        every = self.dynamic and (_user_class(type(obj)) or type(obj) in NAMESPACES)
+        for name in sorted(set(attrs) if every else self.names & set(attrs)):
             self.visit(attrs[name], path + (("attr", name),), depth + 1)
+        cls = type(obj)
+        if _user_class(cls) and cls not in self.classes:
+            # Class attributes read through the instance (``self.scale``), and what its
+            # methods read (module globals), are guarded through the class.
+            self.classes.add(cls)
+            self._class(cls, path + (("attr", "__class__"),), depth + 1)
+
+    def _class(self, cls: type, path: Path, depth: int) -> None:
+        """A user class: the methods it defines (their globals, closures and defaults)
+        and the class attributes reachable code mentions."""
+        if self.count > MAX_OBJECTS:
+            return
+        self.count += 1
+        seen: set[str] = set()
+        for klass in cls.__mro__:
+            if not _user_class(klass):
+                continue
+            for name, raw in vars(klass).items():
+                if name in seen:
+                    continue
+                seen.add(name)  # (a subclass's attribute hides its bases')
+                dunder = name.startswith("__") and name.endswith("__")
+                if isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
+                    if name in _NOT_CALLED_BY_TRACE:
+                        continue
+                    self.visit(getattr(cls, name), path + (("attr", name),), depth + 1)
+                elif isinstance(raw, property):
+                    if raw.fget is not None:
+                        self.visit(raw.fget, path + (("attr", name), ("attr", "fget")),
+                                   depth + 2)
+                elif dunder or isinstance(raw, (types.MemberDescriptorType,
+                                                types.GetSetDescriptorType)):
+                    continue
+                elif name in self.names or self.dynamic:
+                    self.visit(raw, path + (("attr", name),), depth + 1)
 
 
 def _compiled_fn(obj: Any) -> Any:
     """The function a ``fucina.compile`` object wraps, else None."""
-    return getattr(obj, "__fucina_compiled_fn__", None)
+    try:  # (an object's own __getattr__ may raise anything)
+        d = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return None
+    return d.get("__fucina_compiled_fn__") if isinstance(d, dict) else None
 
 
 def discover(roots: list[tuple[Step, Any]]) -> Captures:

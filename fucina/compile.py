@@ -45,7 +45,7 @@ from . import plain_lane
 from .dtypes import DType
 from .errors import TagError, TensorError, UnsupportedGradient
 from .ir import autodiff
-from .ir.checks import reads_index_values
+from .ir.checks import needs_value_check
 from .ir.execute import current_tracer, emit, set_tracer
 from .ir.graph import Node, leaf
 from .ir.ops import OPS, OpDef
@@ -168,15 +168,16 @@ class _Tracer:
         self.arg_writes: dict[int, str] = {}    # argument index -> the helper writing into it
         self.consumed: list[int] = []           # arguments a take_* op consumes
         self._local: set[int] = set()           # updated program constants: no write-back
-        self.checked: list[Node] = []           # ops whose index values eager checks
+        self.checked: list[Node] = []           # ops whose input values eager checks
         # id(input) -> (offset, storage size) of the tensor traced for it: a view's reach is
         # checked against it at trace time where eager would meet that error first.
         self._storage: dict[int, tuple[int, int]] = {}
 
     def record(self, node: Node) -> None:
-        """Keeps the ops that read index values: the program checks them even when
-        nothing reads their result (the rest is reached from the outputs)."""
-        if reads_index_values(node):
+        """Keeps the ops that check input values (index data, integer divisors): the
+        program checks them even when nothing reads their result (the rest is reached
+        from the outputs)."""
+        if needs_value_check(node):
             self.checked.append(node)
 
     def gradient(self, leaf_: Node, grad: Node) -> None:
@@ -409,9 +410,10 @@ def _check_argument_updates(entry: _Entry, a: _Args, found: list[Any]) -> None:
 
 
 def _prefix_checks(tracer: _Tracer, a: _Args) -> None:
-    """After the traced function raised: raise instead the index error an op traced
-    before that point meets on these arguments, as eager, which checks each op's index
-    values when it runs, would have. Returns when there is none (or no way to tell)."""
+    """After the traced function raised: raise instead the value error (an index out of
+    range, a zero divisor) an op traced before that point meets on these arguments, as
+    eager, which checks each op's input values when it runs, would have. Returns when
+    there is none (or no way to tell)."""
     if not tracer.checked:
         return
     ins: list[RawTensor] = []
@@ -726,7 +728,7 @@ class Compiled:
                 set_read_observer(prev_obs)
                 set_tracer(prev)
         except Exception:
-            _prefix_checks(tracer, a)  # an index error eager meets first wins
+            _prefix_checks(tracer, a)  # a value error eager meets first wins
             raise
         by_id = {id(n): k for k, n in enumerate(tracer.inputs)}
         targets = [by_id.get(id(leaf_), leaf_) for leaf_, _ in tracer.grads]
@@ -930,7 +932,15 @@ def _rebuild(s: Any, outs: list[Any]) -> Any:
 
 
 def compile(fn: Callable[..., Any]) -> Compiled:
-    """Trace ``fn`` per input signature into an optimized program of fused kernels."""
+    """Trace ``fn`` per input signature into an optimized program of fused kernels.
+
+    Results equal the eager call's. Tensors ``fn`` reaches outside its arguments
+    (closures, globals, defaults, the attributes of objects and classes it uses) are
+    read again at every call; Python values it reads there are guarded, and a changed
+    one traces again. Python code with its own side effects (``random.random()``,
+    ``next(iterator)``, printing) runs once per trace, not once per call: keep such
+    state in tensors or arguments.
+    """
     return Compiled(fn)
 
 

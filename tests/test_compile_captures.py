@@ -236,3 +236,109 @@ def test_temporary_views_of_captures_never_alias_a_later_capture(ctx):
     t = F.Tensor("type", "d").from_numpy(ctx, t0).select("type", 0)
     fast = F.compile(lambda x: x.add(p.narrow("pos", 0, 16).with_tags("s", "d")).add(t))
     np.testing.assert_allclose(fast(x).numpy(), x0 + p0[:16] + t0[0], rtol=1e-6)
+
+
+# Module-level constant a method reads (rebound by the test below).
+METHOD_SCALE = 2.0
+
+
+def _stays_equal_to_eager(ctx, fn, change, expect_before, expect_after):
+    x = _vec(ctx, [1.0, -2.0, 3.0])
+    fast = F.compile(fn)
+    np.testing.assert_array_equal(fast(x).numpy(), expect_before)
+    change()
+    np.testing.assert_array_equal(fn(x).numpy(), expect_after)  # eager
+    np.testing.assert_array_equal(fast(x).numpy(), expect_after)
+
+
+def test_class_attributes_and_what_methods_read_are_not_stale(ctx):
+    # Each of these returned the value seen at trace time after the change: the walk
+    # stopped at classes, and never read the globals of an instance's methods.
+    global METHOD_SCALE
+
+    class Model:
+        k = 2.0
+
+        def __call__(self, t):
+            return t * self.k
+
+        def scaled(self, t):
+            return t * METHOD_SCALE
+
+        @classmethod
+        def by_class(cls, t):
+            return t * cls.k
+
+        @property
+        def triple(self):
+            return Model.k * 3
+
+    class Derived(Model):
+        pass
+
+    m, d = Model(), Derived()
+    _stays_equal_to_eager(ctx, m, lambda: setattr(Model, "k", 5.0), [2, -4, 6], [5, -10, 15])
+    _stays_equal_to_eager(ctx, lambda t: Model.by_class(t), lambda: setattr(Model, "k", 3.0),
+                          [5, -10, 15], [3, -6, 9])
+    _stays_equal_to_eager(ctx, lambda t: t * m.triple, lambda: setattr(Model, "k", 1.0),
+                          [9, -18, 27], [3, -6, 9])
+    _stays_equal_to_eager(ctx, lambda t: d(t), lambda: setattr(Model, "k", 4.0),
+                          [1, -2, 3], [4, -8, 12])
+
+    def rebind() -> None:
+        global METHOD_SCALE
+        METHOD_SCALE = 7.0
+
+    _stays_equal_to_eager(ctx, lambda t: m.scaled(t), rebind, [2, -4, 6], [7, -14, 21])
+    METHOD_SCALE = 2.0
+
+
+def test_attributes_read_by_a_computed_name_are_not_stale(ctx):
+    # getattr(m, "w"), vars(m)[name] and m.__dict__[name] read attributes no code names.
+    class Holder:
+        pass
+
+    for read in (lambda h, t: t * getattr(h, "w"),  # noqa: B009 (the case under test)
+                 lambda h, t: t * vars(h)["w"],
+                 lambda h, t: t * h.__dict__["w"]):
+        h = Holder()
+        h.w = _vec(ctx, [1.0, 2.0, 3.0])
+        _stays_equal_to_eager(ctx, lambda t, h=h, read=read: read(h, t),
+                              lambda h=h: setattr(h, "w", _vec(ctx, [2.0, 2.0, 2.0])),
+                              [1, -4, 9], [2, -4, 6])
+
+
+def test_namespaces_deques_and_library_values_are_not_stale(ctx):
+    import collections
+    import decimal
+    import types
+
+    ns = types.SimpleNamespace(k=2.0, w=_vec(ctx, [1.0, 1.0, 1.0]))
+    _stays_equal_to_eager(ctx, lambda t: t * ns.k * ns.w, lambda: setattr(ns, "k", 3.0),
+                          [2, -4, 6], [3, -6, 9])
+    _stays_equal_to_eager(ctx, lambda t: t * ns.k * ns.w,
+                          lambda: setattr(ns, "w", _vec(ctx, [0.0, 1.0, 2.0])),
+                          [3, -6, 9], [0, -6, 18])
+    dq = collections.deque([_vec(ctx, [1.0, 1.0, 1.0])])
+    _stays_equal_to_eager(ctx, lambda t: t * dq[0],
+                          lambda: dq.__setitem__(0, _vec(ctx, [2.0, 2.0, 2.0])),
+                          [1, -2, 3], [2, -4, 6])
+    box = [decimal.Decimal("2")]
+    _stays_equal_to_eager(ctx, lambda t: t * float(box[0]),
+                          lambda: box.__setitem__(0, decimal.Decimal("3")),
+                          [2, -4, 6], [3, -6, 9])
+
+
+def test_an_object_whose_getattr_raises_key_error_can_be_captured(ctx):
+    # The walk's probe for a compiled function (getattr(obj, name, None)) let the
+    # object's own KeyError escape from fucina.compile.
+    class Config:
+        def __init__(self):
+            self._d = {"k": 2.0}
+
+        def __getattr__(self, key):
+            return self._d[key]
+
+    cfg = Config()
+    _stays_equal_to_eager(ctx, lambda t: t * cfg.k, lambda: cfg._d.__setitem__("k", 3.0),
+                          [2, -4, 6], [3, -6, 9])
