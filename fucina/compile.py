@@ -126,7 +126,7 @@ class _Args:
             if _is_tensor(a):
                 return tensors[self.alias[id(a)]]
             if isinstance(a, (tuple, list)):
-                return type(a)(sub(x) for x in a)
+                return _remake(type(a), [sub(x) for x in a])
             if isinstance(a, dict):
                 return {k: sub(v) for k, v in a.items()}
             return a
@@ -928,7 +928,14 @@ def _rebuild(s: Any, outs: list[Any]) -> Any:
         return payload
     if tag is dict:
         return {k: _rebuild(x, outs) for k, x in payload}
-    return tag(_rebuild(x, outs) for x in payload)
+    return _remake(tag, [_rebuild(x, outs) for x in payload])
+
+
+def _remake(cls: Any, items: list[Any]) -> Any:
+    """A tuple or list of ``cls`` holding ``items`` (a namedtuple, such as sort's
+    ``TopKResult``, takes them as its fields)."""
+    make = getattr(cls, "_make", None)
+    return make(items) if make is not None else cls(items)
 
 
 def compile(fn: Callable[..., Any]) -> Compiled:
