@@ -283,7 +283,7 @@ class GradcheckResult:
 def _option(value: Any, name: str, positive: bool) -> float:
     try:
         v = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (an int beyond float)
         raise InvalidGradcheckOptions(f"gradcheck: {name} must be a number, got "
                                       f"{value!r}") from None
     if not math.isfinite(v) or v < 0 or (positive and v == 0):

@@ -1091,6 +1091,127 @@ def _cross_entropy(g: Gen, x: Any) -> Any:
     return [tag, labels], kw
 
 
+@op("argsort", "sort")
+def _sort(g: Gen, x: Any) -> Any:
+    return [g.tag_of(x), g.chance(0.5)], {}
+
+
+@op("top_k")
+def _top_k(g: Gen, x: Any) -> Any:
+    tag = g.tag_of(x)
+    dim = x.dim(tag) if tag in x.axis_tags else 2
+    return [tag, g.int(1, dim) if g.chance(0.9) else g.pick((0, dim + 1)), g.fresh_tag(x)], {}
+
+
+def _vector(g: Gen, x: Any, tag: str) -> Ref:
+    """A vector over ``tag`` sized as x's axis (a weight or bias)."""
+    return g.partner(x, (tag,))
+
+
+@op("layer_norm")
+def _layer_norm(g: Gen, x: Any) -> Any:
+    tag = g.tag_of(x)
+    kw: dict[str, Any] = {}
+    if g.chance(0.4):
+        kw["weight"] = _vector(g, x, tag)
+    if g.chance(0.3):
+        kw["bias"] = _vector(g, x, tag)
+    return [tag, g.pick((1e-5, 0.0, 1.0))], kw
+
+
+@op("rms_norm", "l2_normalize")
+def _rms_norm(g: Gen, x: Any) -> Any:
+    return [g.tag_of(x), g.pick((1e-6, 0.0, 0.5))], {}
+
+
+@op("rms_norm_mul")
+def _rms_norm_mul(g: Gen, x: Any) -> Any:
+    tag = g.tag_of(x)
+    return [tag, _vector(g, x, tag), g.pick((1e-6, 0.0))], {}
+
+
+@op("rms_norm_mul_add")
+def _rms_norm_mul_add(g: Gen, x: Any) -> Any:
+    tag = g.tag_of(x)
+    return [tag, _vector(g, x, tag), g.partner(x, x.axis_tags), g.pick((1e-6, 0.0))], {}
+
+
+@op("group_norm")
+def _group_norm(g: Gen, x: Any) -> Any:
+    tag = g.tag_of(x)
+    dim = x.dim(tag) if tag in x.axis_tags else 2
+    groups = g.pick([d for d in range(1, dim + 1) if dim % d == 0] + [dim + 1])
+    w = _vector(g, x, tag) if g.chance(0.3) else None
+    b = _vector(g, x, tag) if w is not None and g.chance(0.5) else None
+    return [tag, groups, g.pick((1e-5, 0.0)), w, b], {}
+
+
+@op("standardize_axis")
+def _standardize(g: Gen, x: Any) -> Any:
+    return [g.tag_of(x)], {"ddof": g.pick((0, 1)), "eps": g.pick((0.0, 1e-5))}
+
+
+@op("mse_loss", "huber_loss", "kl_div_loss", "bce_loss")
+def _pointwise_loss(g: Gen, x: Any) -> Any:
+    return [g.partner(x, g.perm(x.axis_tags))], {"reduction": g.pick(("mean", "sum", "none"))}
+
+
+@op("nll_loss", applies=lambda x: x.tag_count >= 1)
+def _nll_loss(g: Gen, x: Any) -> Any:
+    tag, labels = _cross_entropy(g, x)[0]
+    return [tag, labels], {"reduction": g.pick(("mean", "sum", "none"))}
+
+
+@op("cosine_similarity")
+def _cosine(g: Gen, x: Any) -> Any:
+    return [g.partner(x, g.perm(x.axis_tags)), g.tag_of(x)], {}
+
+
+@op("segment_sum")
+def _segment_sum(g: Gen, x: Any) -> Any:
+    tag = g.tag_of(x)
+    dim = x.dim(tag) if tag in x.axis_tags else 1
+    cuts = sorted(g.int(0, dim) for _ in range(g.int(0, 2)))
+    offsets = [0] + cuts + [dim]
+    if g.chance(0.08):
+        offsets[g.int(0, len(offsets) - 1)] = g.pick((-1, dim + 1))
+    if g.chance(0.3):
+        fresh = g.fresh_tag(x)
+        ref = g.new_input("i64", (fresh,), {fresh: len(offsets)}, index_range=dim + 1)
+        return [tag, ref], {}
+    return [tag, offsets], {}
+
+
+@op("glu", "geglu", "swiglu", "situ")
+def _gated_pair(g: Gen, x: Any) -> Any:
+    return [g.partner(x, g.perm(x.axis_tags))], {}
+
+
+@op("gated")
+def _gated(g: Gen, x: Any) -> Any:
+    return [g.partner(x, g.perm(x.axis_tags)), g.pick(("glu", "geglu", "swiglu", "reglu"))], {}
+
+
+@op("split_gated")
+def _split_gated(g: Gen, x: Any) -> Any:
+    return [g.pick(("glu", "geglu", "swiglu")), g.tag_of(x), g.fresh_tag(x)], {}
+
+
+@op("bias_add")
+def _bias_add(g: Gen, x: Any) -> Any:
+    tag = g.tag_of(x)
+    return [_vector(g, x, tag), tag], {}
+
+
+@op("linear_recurrence")
+def _linear_recurrence(g: Gen, x: Any) -> Any:
+    kw: dict[str, Any] = {}
+    tag = g.tag_of(x)
+    if g.chance(0.3):
+        kw["initial"] = g.partner(x, tuple(t for t in x.axis_tags if t != tag))
+    return [tag, g.partner(x, x.axis_tags)], kw
+
+
 def _draw_operator(g: Gen, x: Any, recv: Ref, name: str) -> Call:
     sym = name[3:]
     if sym in ("neg", "abs", "~"):

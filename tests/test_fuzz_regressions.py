@@ -336,3 +336,14 @@ def test_an_unused_integer_division_still_checks_its_divisor_compiled(ctx):
             with pytest.raises(F.DivisionByZero, match="the divisor holds a zero"):
                 f(x, zero)
     np.testing.assert_array_equal(F.compile(unused)(x, ok).numpy(), [6, 6])
+
+
+def test_vectors_holding_an_int_beyond_float_are_refused_by_name(ctx):
+    # in0.bias_add(10**400, 'b'): numpy's OverflowError ("int too large to convert to
+    # float") escaped from the bias conversion.
+    x = F.Tensor("a", "b").ones(ctx, (2, 3))
+    for bias in (10**400, [1, 2, 10**400]):
+        with pytest.raises(ValueError, match="bias holds an integer beyond float32"):
+            x.bias_add(bias, "b")
+    with pytest.raises(F.InvalidDataLength, match="sinks must be a sequence of numbers"):
+        x.softmax("b", sinks=[10**400])

@@ -235,7 +235,7 @@ def _from_angles(ang: np.ndarray, feature_dim: int, inverse: bool) -> RopeTable:
 def _freq_factors(freq_factors: Any, feature_dim: int) -> np.ndarray:
     try:
         ff = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (an int beyond float)
         raise InvalidDataLength("freq_factors must be a sequence of numbers") from None
     if ff.size != feature_dim // 2:
         raise InvalidDataLength(
@@ -274,7 +274,7 @@ def prepare_inv_freqs_f64(pos0: Any, count: Any, inv_freq: Any, inverse: bool = 
         raise InvalidShape(f"count must be > 0, got {n}")
     try:
         inv = np.asarray(inv_freq, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (an int beyond float)
         raise InvalidDataLength("inv_freq must be a sequence of numbers") from None
     if inv.size == 0:
         raise InvalidShape("inv_freq is empty")

@@ -139,7 +139,7 @@ def _state_rows(self: Any, state: Any, lead: tuple[int, ...], rows: int, cin: in
             return _reshape(state._node, (b, 1, rows, cin))
     try:
         arr = np.asarray(state, dtype=np.float32).reshape(-1)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (an int beyond float)
         raise TypeError(f"state must be a tensor or a sequence of numbers, got "
                         f"{type(state).__name__}") from None
     if arr.size != n:

@@ -73,6 +73,8 @@ def _vector(self: Any, v: Any, n: int, what: str) -> Node:
         return v._node
     try:
         arr = np.asarray(v, dtype=np.float32)
+    except OverflowError:
+        raise ValueError(f"{what} holds an integer beyond float32's range") from None
     except (TypeError, ValueError):
         raise TypeError(f"{what} must be a sequence of numbers, a numpy array or a tensor; "
                         f"got {type(v).__name__}") from None

@@ -131,7 +131,7 @@ def _float_vector(self: Any, data: Any, count: int, what: str) -> Node:
         return emit("reshape", (node,), shape=(count,))
     try:
         arr = np.asarray(data, dtype=np.float32).reshape(-1)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (an int beyond float)
         raise InvalidDataLength(f"{what} must be a sequence of numbers") from None
     if arr.size != count:
         raise InvalidShape(f"{arr.size} {what} for {count} entries")

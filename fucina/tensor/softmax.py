@@ -96,7 +96,7 @@ def _causal_options(self: Any, tag: str, causal: Any) -> tuple[int, int]:
 def _sink_values(self: Any, sinks: Any, head_axis: int | None) -> np.ndarray:
     try:
         arr = np.asarray(sinks, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (an int beyond float)
         raise InvalidDataLength("sinks must be a sequence of numbers") from None
     if head_axis is None:
         if arr.size != 1:
