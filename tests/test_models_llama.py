@@ -172,6 +172,16 @@ def test_sampler_draws_follow_the_filtered_distribution() -> None:
         assert llama._Sampler(1.0, 0, 1.0, seed=5).draw(logits, i) == [1, 3, 2, 0][j]
 
 
+def test_sampler_options_beyond_float_and_numpy_scalars() -> None:
+    # temperature=10**400 let Python's OverflowError escape (math.isfinite on the int)
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        llama._Sampler(10**400, 0, 1.0, seed=0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        llama._Sampler(1.0, 0, 10**400, seed=0)
+    s = llama._Sampler(np.float32(0.5), 0, np.float32(0.5), seed=0)
+    assert (s.temperature, s.top_p) == (0.5, 0.5)
+
+
 def test_generation_stops_at_eos(model: llama.LlamaModel,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     ids = model.tokenizer.encode("the cat")

@@ -467,16 +467,23 @@ class _Sampler:
     """Greedy or temperature / top-k / top-p sampling, draw ``i`` from ``rng.at(seed, i)``."""
 
     def __init__(self, temperature: float, top_k: int, top_p: float, seed: int):
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-                or not math.isfinite(temperature) or temperature < 0:
+        t = math.nan
+        if isinstance(temperature, (int, float, np.integer, np.floating)) \
+                and not isinstance(temperature, (bool, np.bool_)):
+            try:
+                t = float(temperature)
+            except OverflowError:  # an int beyond float
+                t = math.inf
+        if not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         self.top_k = _nonneg_int(top_k, "top_k")
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) \
+        if isinstance(top_p, (bool, np.bool_)) \
+                or not isinstance(top_p, (int, float, np.integer, np.floating)) \
                 or not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
-        self.temperature = float(temperature)
+        self.temperature = t
         self.top_p = float(top_p)
         self.seed = int(seed)
 
