@@ -354,13 +354,15 @@ class File:
 
         info = self._info(name)
         tag_tuple = (tags,) if isinstance(tags, str) else tuple(tags)
-        if len(tag_tuple) != len(info.shape):
+        # GGUF has no rank 0: write() stores a rank-0 tensor as shape (1,), read back by ().
+        rank0 = not tag_tuple and info.shape == (1,)
+        if len(tag_tuple) != len(info.shape) and not rank0:
             raise TagError(f"{self.path}: tensor {name!r} has rank {len(info.shape)} (shape "
                            f"{info.shape}), got {len(tag_tuple)} tags {tag_tuple}")
         if any(d == 0 for d in info.shape):
             raise InvalidShape(f"{self.path}: tensor {name!r} has an empty dim {info.shape}")
         arr = self.array(name)
-        T = Tensor(*tag_tuple, dtype=info.dtype)
+        T = Tensor(tags=tag_tuple, dtype=info.dtype)
         raw = RawTensor.from_array(info.dtype, arr, info.shape, borrow=True, readonly=True)
         return T.constant(ctx, raw)
 

@@ -145,12 +145,13 @@ class File:
         if len(tag_tuple) != len(info.shape):
             raise TagError(f"{self.path}: tensor {name!r} has rank {len(info.shape)} (shape "
                            f"{info.shape}), got {len(tag_tuple)} tags {tag_tuple}")
-        if not info.shape or any(d == 0 for d in info.shape):
+        if any(d == 0 for d in info.shape):
             raise InvalidShape(f"{self.path}: tensor {name!r} has shape {info.shape}; fucina "
-                               "tensors need at least one axis and no empty axes")
-        arr = self.array(name)
-        raw = RawTensor.from_array(dtype, arr, info.shape, borrow=True, readonly=True)
-        return Tensor(*tag_tuple, dtype=dtype).constant(ctx, raw)
+                               "tensors have no empty axes")
+        shape = info.shape or (1,)  # a rank-0 tensor is held as one element
+        arr = self.array(name).reshape(shape)
+        raw = RawTensor.from_array(dtype, arr, shape, borrow=True, readonly=True)
+        return Tensor(tags=tag_tuple, dtype=dtype).constant(ctx, raw)
 
 
 def open(path: str | os.PathLike[str]) -> File:

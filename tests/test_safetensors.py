@@ -143,3 +143,23 @@ def test_minilm_weights(ctx: fucina.ExecContext) -> None:
         assert f.array(name).base is not None  # a view of the mapping, not a copy
         emb = next(n for n in f.tensors if n.endswith("word_embeddings.weight"))
         assert f.tensors[emb].shape == (30522, 384)
+
+
+def test_a_rank_0_tensor_reads_back(ctx: fucina.ExecContext, tmp_path: Path) -> None:
+    # save() wrote a rank-0 tensor as shape () but tensor() refused shape () ("need at
+    # least one axis"), so a saved scalar could not be read back; GGUF (no rank 0) stores
+    # it as shape (1,), which tags () now read back too.
+    s = fucina.Tensor(tags=()).from_slice(ctx, (1,), [2.5])
+    p = tmp_path / "s.safetensors"
+    fucina.safetensors.save(p, {"s": s})
+    assert load_file(str(p))["s"].shape == ()
+    with fucina.safetensors.open(p) as f:
+        back = f.tensor(ctx, "s", ())
+        assert back.axis_tags == () and back.item() == 2.5
+    g = tmp_path / "s.gguf"
+    fucina.gguf.write(g, {}, {"s": s})
+    with fucina.gguf.open(g) as f:
+        assert f.tensor(ctx, "s", ()).item() == 2.5
+        assert f.tensor(ctx, "s", ("a",)).numpy().tolist() == [2.5]
+        with pytest.raises(fucina.TagError, match="rank 1"):
+            f.tensor(ctx, "s", ("a", "b"))
