@@ -347,3 +347,27 @@ def test_vectors_holding_an_int_beyond_float_are_refused_by_name(ctx):
             x.bias_add(bias, "b")
     with pytest.raises(F.InvalidDataLength, match="sinks must be a sequence of numbers"):
         x.softmax("b", sinks=[10**400])
+
+
+def test_unused_multinomial_and_segment_sum_still_check_their_values_compiled(ctx):
+    # Eager raised InvalidShape for negative multinomial weights and for bad traced
+    # segment_sum offsets; a compiled function that dropped the result raised nothing.
+    x = F.Tensor("a", "b").from_slice(ctx, (2, 3), [1.0, -1.0, 2.0, 0.0, 1.0, 0.0])
+    offsets = F.Tensor("s", dtype="i64").from_slice(ctx, (3,), [0, 2, 1])
+
+    def draws(t):
+        t.multinomial("b", "s", 2, 3, True)
+        return t * 2.0
+
+    def segments(t, off):
+        t.segment_sum("b", off)
+        return t * 2.0
+
+    for f in (draws, F.compile(draws)):
+        with pytest.raises(F.InvalidShape, match="multinomial weights must be >= 0"):
+            f(x)
+    for f in (segments, F.compile(segments)):
+        with pytest.raises(F.InvalidShape, match="offsets must end at the axis size 3"):
+            f(x, offsets)
+    ok = F.Tensor("s", dtype="i64").from_slice(ctx, (3,), [0, 2, 3])
+    np.testing.assert_array_equal(F.compile(segments)(x, ok).numpy(), x.numpy() * 2)

@@ -15,12 +15,16 @@ takes new offsets without retracing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..dtypes import DType
-from ..kernels import scans as _kernels  # noqa: F401 - registers the reference kernels
+from ..kernels import scans as _kernels  # registers the reference kernels
 from ..runtime.raw import RawTensor
 from .autodiff import Grads, narrow_view, rule
+from .checks import VALUE_CHECKS
 from .execute import emit
 from .graph import Node
 from .ops import OPS, Meta, OpDef
@@ -45,6 +49,18 @@ def _segment_broadcast_meta(ins: list[RawTensor], attrs: dict[str, Any]) -> Meta
 OPS["linear_recurrence"] = OpDef("linear_recurrence", infer=_same)
 OPS["segment_sum"] = OpDef("segment_sum", infer=_segment_sum_meta)
 OPS["segment_broadcast"] = OpDef("segment_broadcast", infer=_segment_broadcast_meta)
+
+
+def _offsets_value(inputs: Sequence[Node], attrs: dict[str, Any],
+                   arrays: list[np.ndarray]) -> None:
+    n = attrs["dim"] if "dim" in attrs else inputs[0].shape[attrs["axis"]]
+    _kernels.check_offsets(np.asarray(arrays[1]).reshape(-1), n, "segment_sum")
+
+
+# Traced offsets are checked when the op runs in eager mode, and by a compiled program even
+# where nothing reads the sums (ir/checks.needs_value_check).
+VALUE_CHECKS["segment_sum"] = _offsets_value
+VALUE_CHECKS["segment_broadcast"] = _offsets_value
 
 
 def _zeros(shape: tuple[int, ...]) -> Node:

@@ -98,11 +98,11 @@ def _topk_index(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.
     return rows_back(res, ins[0].shape, axis)
 
 
-@kernel("multinomial")
-def _multinomial(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """Categorical draws along ``axis`` (the last); the weights are checked first."""
-    axis, num, replacement = attrs["axis"], attrs["k"], bool(attrs["replacement"])
-    w = rows_last(np.asarray(ins[0], dtype=np.float32), axis)
+def _multinomial_rows(attrs: dict[str, Any], weights: np.ndarray) -> np.ndarray:
+    """The weights as f32 rows (``axis`` last), checked: finite, >= 0, a positive weight
+    per row, and without replacement as many nonzero classes as draws."""
+    w = rows_last(np.asarray(weights, dtype=np.float32), attrs["axis"])
+    num, replacement = attrs["k"], bool(attrs["replacement"])
     if not np.isfinite(w).all():
         raise InvalidShape("multinomial weights must be finite")
     if (w < 0).any():
@@ -115,6 +115,24 @@ def _multinomial(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np
         row = int(np.argmax(nonzero < num))
         raise InvalidShape(f"multinomial without replacement: {num} samples but row {row} "
                            f"has {int(nonzero[row])} nonzero classes")
+    return w
+
+
+# Eager checks the weights when the op runs; a compiled program runs this check even where
+# nothing reads the draws (ir/checks.needs_value_check).
+def _multinomial_value(inputs: Sequence[Node], attrs: dict[str, Any],
+                       arrays: list[np.ndarray]) -> None:
+    _multinomial_rows(attrs, arrays[0])
+
+
+VALUE_CHECKS["multinomial"] = _multinomial_value
+
+
+@kernel("multinomial")
+def _multinomial(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
+    """Categorical draws along ``axis`` (the last); the weights are checked first."""
+    axis, num, replacement = attrs["axis"], attrs["k"], bool(attrs["replacement"])
+    w = _multinomial_rows(attrs, ins[0])
     res = np.empty((w.shape[0], num), np.int64)
     K.multinomial_rows(w, num, np.uint64(attrs["seed"]), replacement, res)
     return rows_back(res, ins[0].shape, axis)
