@@ -1212,6 +1212,12 @@ def _linear_recurrence(g: Gen, x: Any) -> Any:
     return [tag, g.partner(x, x.axis_tags)], kw
 
 
+@op("multinomial", applies=lambda x: 1 <= x.tag_count <= 2)
+def _multinomial(g: Gen, x: Any) -> Any:
+    tag = x.axis_tags[-1] if g.chance(0.9) else g.tag_of(x)
+    return [tag, g.fresh_tag(x), g.int(1, 3), g.int(0, 99), g.chance(0.5)], {}
+
+
 def _draw_operator(g: Gen, x: Any, recv: Ref, name: str) -> Call:
     sym = name[3:]
     if sym in ("neg", "abs", "~"):
