@@ -1218,6 +1218,108 @@ def _multinomial(g: Gen, x: Any) -> Any:
     return [tag, g.fresh_tag(x), g.int(1, 3), g.int(0, 99), g.chance(0.5)], {}
 
 
+def _pair_arg(g: Gen, values: tuple[Any, ...]) -> Any:
+    return g.pick(values + ((1, 2), (2, 1)))
+
+
+def _window_args(g: Gen) -> list[Any]:
+    return [_pair_arg(g, (1, 2, 3)), _pair_arg(g, (1, 2)), _pair_arg(g, (0, 1))]
+
+
+def _free_tags(g: Gen, x: Any, keep: int, n: int) -> tuple[str, ...]:
+    """``n`` tags for a result that keeps x's first ``keep`` tags (none of those)."""
+    lead = x.axis_tags[:keep]
+    return g.perm(tuple(t for t in TAGS + NEW_TAGS if t not in lead))[:n]
+
+
+@op("max_pool2d", "avg_pool2d", applies=lambda x: x.tag_count >= 3)
+def _pool(g: Gen, x: Any) -> Any:
+    return _window_args(g), {}
+
+
+op("upsample2x_nearest", applies=lambda x: x.tag_count >= 3)(_none)
+
+
+@op("unfold", applies=lambda x: x.tag_count >= 3)
+def _unfold(g: Gen, x: Any) -> Any:
+    return _window_args(g) + [_free_tags(g, x, x.tag_count - 3, 2)], {}
+
+
+@op("conv2d", "conv2d_relu", applies=lambda x: x.tag_count >= 3)
+def _conv2d(g: Gen, x: Any) -> Any:
+    c = x.shape[-1]
+    groups = g.pick([d for d in (1, 2, c) if c % d == 0])
+    cout = groups * g.int(1, 2)
+    wtags = g.perm(TAGS)
+    weight = g.new_input("f32", wtags, dict(zip(wtags, (cout, g.int(1, 3), g.int(1, 3),
+                                                       c // groups))))
+    bias = g.new_input("f32", ("e",), {"e": cout}) if g.chance(0.4) else None
+    return [weight, bias, _pair_arg(g, (1, 2)), _pair_arg(g, (0, 1)), groups,
+            _free_tags(g, x, x.tag_count - 3, 3)], {}
+
+
+def _conv1d_tags(g: Gen, x: Any) -> tuple[str, str, str, str]:
+    time, chan = x.axis_tags[-2:]
+    tap, out = [t for t in NEW_TAGS + TAGS if t not in x.axis_tags[:-1]][:2]
+    return time, chan, tap, out
+
+
+@op("conv1d", applies=lambda x: x.tag_count >= 2)
+def _conv1d(g: Gen, x: Any) -> Any:
+    time, chan, tap, out = _conv1d_tags(g, x)
+    cin = x.shape[-1]
+    groups = g.pick([d for d in (1, 2, cin) if cin % d == 0])
+    weight = g.new_input("f32", (tap, chan, out), {tap: g.int(1, 3), chan: cin // groups,
+                                                   out: groups * g.int(1, 2)})
+    return [time, chan, tap, out, weight], {"stride": g.int(1, 2), "padding": g.int(0, 2),
+                                           "dilation": g.int(1, 2), "groups": groups}
+
+
+@op("causal_conv1d", applies=lambda x: x.tag_count >= 2)
+def _causal_conv1d(g: Gen, x: Any) -> Any:
+    time, chan, tap, out = _conv1d_tags(g, x)
+    weight = g.new_input("f32", (tap, chan, out), {tap: g.int(1, 3), chan: x.shape[-1],
+                                                   out: g.int(1, 3)})
+    return [time, chan, tap, out, weight], {"dilation": g.int(1, 2)}
+
+
+@op("causal_depthwise_conv1d", applies=lambda x: x.tag_count >= 2)
+def _depthwise_conv1d(g: Gen, x: Any) -> Any:
+    time, chan, tap, _ = _conv1d_tags(g, x)
+    kernel = g.new_input("f32", (chan, tap), {chan: x.shape[-1], tap: g.int(1, 3)})
+    return [time, chan, tap, kernel], {"dilation": g.int(1, 2)}
+
+
+@op("channel_affine", applies=lambda x: x.tag_count >= 1)
+def _channel_affine(g: Gen, x: Any) -> Any:
+    c = x.axis_tags[-1]
+    return [_vector(g, x, c), _vector(g, x, c)], {}
+
+
+@op("prelu", applies=lambda x: x.tag_count >= 1)
+def _prelu(g: Gen, x: Any) -> Any:
+    return [_vector(g, x, x.axis_tags[-1])], {}
+
+
+@op("snake")
+def _snake(g: Gen, x: Any) -> Any:
+    c = g.tag_of(x)
+    return [c, _vector(g, x, c), _vector(g, x, c)], {}
+
+
+@op("rope", applies=lambda x: x.tag_count >= 2)
+def _rope(g: Gen, x: Any) -> Any:
+    pos, feat = g.perm(x.axis_tags)[:2]
+    n = x.dim(pos)
+    if g.chance(0.4):
+        fresh = g.fresh_tag(x)
+        positions: Any = g.new_input("i64", (fresh,), {fresh: n}, index_range=8)
+    else:
+        positions = [g.int(0, 7) for _ in range(n)]
+    source = {"positions": positions, "theta_base": g.pick((10000.0, 2.0))}
+    return [pos, feat, source, g.pick(("half", "interleaved"))], {}
+
+
 def _draw_operator(g: Gen, x: Any, recv: Ref, name: str) -> Call:
     sym = name[3:]
     if sym in ("neg", "abs", "~"):

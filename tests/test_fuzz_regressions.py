@@ -371,3 +371,18 @@ def test_unused_multinomial_and_segment_sum_still_check_their_values_compiled(ct
             f(x, offsets)
     ok = F.Tensor("s", dtype="i64").from_slice(ctx, (3,), [0, 2, 3])
     np.testing.assert_array_equal(F.compile(segments)(x, ok).numpy(), x.numpy() * 2)
+
+
+def test_conv_window_arguments_beyond_int64_are_refused_by_name(ctx):
+    # in0.causal_conv1d('b', 'c', 'e', 'f', in1, dilation=2**70): numpy's TypeError
+    # ("`pad_width` must be of integral type") escaped from the padding.
+    x = F.Tensor("b", "c").ones(ctx, (3, 2))
+    w = F.Tensor("e", "c", "f").ones(ctx, (3, 2, 1))
+    with pytest.raises(ValueError, match="dilation must be <= 2"):
+        x.causal_conv1d("b", "c", "e", "f", w, dilation=2**70)
+    with pytest.raises(ValueError, match="padding must be <= 2"):
+        x.conv1d("b", "c", "e", "f", w, padding=2**70)
+    with pytest.raises(F.InvalidShape, match="padding rows, a tensor larger than"):
+        x.causal_conv1d("b", "c", "e", "f", w, dilation=2**58)
+    np.testing.assert_array_equal(x.causal_conv1d("b", "c", "e", "f", w, dilation=1).numpy(),
+                                  [[2.0], [4.0], [6.0]])

@@ -26,6 +26,7 @@ from ..errors import (
     Deinitialized,
     GradientPreparedConv2dUnsupported,
     InvalidDataLength,
+    InvalidShape,
     ShapeMismatch,
     TagError,
 )
@@ -35,7 +36,7 @@ from ..ir.graph import Node, leaf
 from ..kernels import conv as K
 from ..kernels.conv import PreparedConvWeights
 from ..runtime.gradmode import is_grad_enabled, no_grad
-from ..runtime.raw import RawTensor
+from ..runtime.raw import MAX_ELEMENTS, MAX_ELEMENTS_TEXT, RawTensor
 from .base import Tensor, check_tensor, result, same_ctx
 from .contract import contract_nodes
 
@@ -53,6 +54,8 @@ def _int(v: Any, what: str, lo: int) -> int:
     v = int(v)
     if v < lo:
         raise ValueError(f"{what} must be >= {lo}, got {v}")
+    if v > MAX_ELEMENTS:  # (no window reaches further than a tensor holds elements)
+        raise ValueError(f"{what} must be <= {MAX_ELEMENTS_TEXT}, got {v}")
     return v
 
 
@@ -504,6 +507,9 @@ def _causal_node(self: Any, w4: Node, dilation: int, groups: int, state: Any) ->
     x4, lead = _as4d(self._node, 2)
     cin = x4.shape[3]
     rows = d * (taps - 1)
+    if rows * math.prod(x4.shape[:2] + x4.shape[3:]) > MAX_ELEMENTS - x4.value.numel:
+        raise InvalidShape(f"causal conv: dilation {d} x {taps - 1} taps makes {rows} "
+                           f"padding rows, a tensor larger than {MAX_ELEMENTS_TEXT} elements")
     if rows:
         if state is None:
             x4 = emit("pad", (x4,), axis=2, before=rows, after=0, value=0.0)
