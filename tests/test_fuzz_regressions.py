@@ -386,3 +386,15 @@ def test_conv_window_arguments_beyond_int64_are_refused_by_name(ctx):
         x.causal_conv1d("b", "c", "e", "f", w, dilation=2**58)
     np.testing.assert_array_equal(x.causal_conv1d("b", "c", "e", "f", w, dilation=1).numpy(),
                                   [[2.0], [4.0], [6.0]])
+
+
+def test_a_rope_source_dict_missing_fields_is_refused_by_name(ctx):
+    # in0.rope('c', 'd', {}, 'half'): RopeTheta(**{}) let Python's own TypeError escape.
+    x = F.Tensor("a", "b").ones(ctx, (2, 4))
+    with pytest.raises(TypeError, match=r"rope: the RopeTheta dict lacks \['positions', "
+                                        r"'theta_base'\]"):
+        x.rope("a", "b", {}, "half")
+    with pytest.raises(TypeError, match="unknown RopeTheta fields"):
+        x.rope("a", "b", {1: 2, "positions": [0, 1], "theta_base": 10.0}, "half")
+    rotated = x.rope("a", "b", {"positions": [0, 1], "theta_base": 10.0}, "half").numpy()
+    np.testing.assert_array_equal(rotated[0], [1, 1, 1, 1])  # position 0 turns by 0

@@ -87,7 +87,10 @@ def _source(self: Any, source: Any, positions: int, dim: int) -> tuple[Node, Nod
     if isinstance(source, dict):
         extra = set(source) - {"positions", "theta_base"}
         if extra:
-            raise TypeError(f"rope: unknown RopeTheta fields {sorted(extra)}")
+            raise TypeError(f"rope: unknown RopeTheta fields {sorted(map(repr, extra))}")
+        missing = [k for k in ("positions", "theta_base") if k not in source]
+        if missing:
+            raise TypeError(f"rope: the RopeTheta dict lacks {missing}")
         source = R.RopeTheta(**source)
     if isinstance(source, R.RopeTheta):
         if dim % 2:
