@@ -1099,6 +1099,22 @@ def plot(data: dict[str, dict[str, float]], path: Path, title: str) -> Path | No
     return path
 
 
+def _saved_run(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """A run saved by this harness, or a usage error (exit status 2) saying why not."""
+    try:
+        run = json.loads(path.read_text())
+    except OSError as e:
+        parser.error(f"--compare: cannot read {path}: {e.strerror or e}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        parser.error(f"--compare: {path} is not JSON ({e})")
+    if not (isinstance(run, dict) and isinstance(run.get("cases"), list)
+            and isinstance(run.get("conditions"), dict)
+            and all(isinstance(c, dict) and "name" in c for c in run["cases"])):
+        parser.error(f"--compare: {path} is not a saved run of python -m fucina.bench "
+                     "(no 'conditions' and 'cases')")
+    return run
+
+
 def isa_relaunch(level: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """The command and environment that rerun the benchmark with ``argv`` on the
     narrowed ``level`` (:func:`fucina.kernels.isa.narrowed_env`): Numba and torch read
@@ -1149,7 +1165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.busy and args.paired_load:
         p.error("--busy and --paired-load exclude each other")
     if args.compare:
-        a, b = (json.loads(f.read_text()) for f in args.compare)
+        a, b = (_saved_run(f, p) for f in args.compare)
         text, data = compare(a, b)
         print(text)
         loaded = load_compare(a, b)  # both runs made with --paired-load

@@ -313,6 +313,20 @@ def test_model_rows_time_each_call_quiet_and_loaded():
     assert t.busy is None and len(calls) == 7 + 3
 
 
+def test_compare_refuses_files_that_are_not_saved_runs(tmp_path, capsys):
+    # A missing file, text that is not JSON, or JSON of another shape printed a traceback
+    # (FileNotFoundError, JSONDecodeError, KeyError 'cases'): now a usage error, status 2.
+    good = bench.save(_run("A", [("softmax", 4.0, 2.0, 3.0)]), tmp_path / "a.json")
+    (tmp_path / "text.json").write_text("{bad")
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    for bad, says in (("missing.json", "cannot read"), ("text.json", "is not JSON"),
+                      ("other.json", "is not a saved run")):
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(["--compare", str(good), str(tmp_path / bad)])
+        assert exit_.value.code == 2
+        assert says in capsys.readouterr().err
+
+
 def test_compare_of_two_paired_runs_lines_up_their_load_ratios(capsys, tmp_path):
     from fucina.bench_busy import load_compare
 
