@@ -10,6 +10,7 @@ an error naming the problem (exit code 2).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -53,8 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.max_tokens < 0:
         p.error(f"--max-tokens must be >= 0, got {args.max_tokens}")
-    if args.temperature < 0:
-        p.error(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 <= args.temperature < math.inf:  # (NaN fails too)
+        p.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.top_k < 0:
         p.error(f"--top-k must be >= 0, got {args.top_k}")
     if not 0 < args.top_p <= 1:

@@ -70,5 +70,7 @@ def test_errors_exit_2_with_a_message(synth: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and "context length 256" in r.stderr
     r = _run(str(synth), "hi", "--system", "be brief")
     assert r.returncode == 2 and "--system needs --chat" in r.stderr
+    r = _run(str(synth), "hi", "-t", "1e400")  # inf: the sampler's traceback, before
+    assert r.returncode == 2 and "--temperature must be a finite number" in r.stderr
     r = _run("--help")
     assert r.returncode == 0 and "--temperature" in r.stdout and "--chat" in r.stdout
