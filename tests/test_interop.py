@@ -109,6 +109,15 @@ def test_asarray_follows_the_logical_layout(x):
 def test_numpy_functions_accept_tensors(x):
     assert np.sum(np.asarray(x)) == 21
     assert float(np.max(np.asarray(x))) == 6.0
+    # Directly, as any array-like: numpy's reductions called the tensor's own sum/max/
+    # squeeze with its axis= keyword (TypeError "unexpected keyword argument 'axis'").
+    assert np.sum(x) == 21 and np.mean(x) == 3.5 and np.max(x) == 6.0 and np.min(x) == 1.0
+    np.testing.assert_array_equal(np.sum(x, axis=1), np.asarray(x).sum(axis=1))
+    np.testing.assert_array_equal(np.squeeze(x), np.asarray(x))
+    np.testing.assert_array_equal(np.concatenate([x, x]), np.vstack([np.asarray(x)] * 2))
+    assert np.any(x > 5.0) and not np.all(x > 5.0)
+    with pytest.raises(TypeError, match="does not support ufuncs"):
+        np.add(x, 1.0)  # ufuncs still defer to the tensor's operators (__array_ufunc__)
 
 
 # -- bool / float / int / len / ndim / size -------------------------------------------------

@@ -340,6 +340,13 @@ class Tensor(metaclass=_TensorMeta):
         view.flags.writeable = False
         return view
 
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """numpy functions (``np.sum(x)``, ``np.max(x, axis=1)``, ``np.concatenate([x,
+        y])``) take a tensor as the array of its values, like any array-like, and return
+        numpy results. (Ufuncs such as ``np.add(x, 1)`` raise TypeError: use the
+        tensor's operators.)"""
+        return func(*_as_arrays(args), **_as_arrays(kwargs))
+
     def __len__(self) -> int:
         """Size of the first axis (TypeError for a scalar, as numpy's 0-d arrays)."""
         if not self.tag_count:
@@ -608,3 +615,15 @@ class ItemAccess(Tensor):
 def real_number(v: object) -> bool:
     """A real Python/numpy number that is not a bool (an operator's scalar operand)."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _as_arrays(v: Any) -> Any:
+    """``v`` with every tensor in it (through tuples, lists and dicts) as its values."""
+    if isinstance(v, Tensor):
+        return np.asarray(v)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_as_arrays(u) for u in v) if not hasattr(v, "_fields") \
+            else type(v)(*(_as_arrays(u) for u in v))
+    if isinstance(v, dict):
+        return {k: _as_arrays(u) for k, u in v.items()}
+    return v
