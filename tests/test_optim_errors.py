@@ -121,6 +121,24 @@ def test_scheduler_hand_values(ctx):
         F.optim.lr.StepLR(fresh, step_size=2, last_epoch=3)
 
 
+def test_scheduler_options_of_the_wrong_kind_are_refused_by_name(ctx):
+    # LinearLR(start_factor=None) let Python's "'<' not supported" escape; gamma, eta_min
+    # or T_max given an int beyond float raised OverflowError, gamma=nan made a NaN lr.
+    opt = F.optim.SGD([_var(ctx, [1.0])], lr=0.1)
+    L = F.optim.lr
+    for make, what in ((lambda: L.LinearLR(opt, start_factor=None), "start_factor"),
+                       (lambda: L.LinearLR(opt, end_factor="x"), "end_factor"),
+                       (lambda: L.StepLR(opt, 2, gamma=10**400), "gamma"),
+                       (lambda: L.StepLR(opt, 2, gamma=math.nan), "gamma"),
+                       (lambda: L.CosineAnnealingLR(opt, T_max=10**400), "T_max"),
+                       (lambda: L.CosineAnnealingLR(opt, 5, eta_min=math.inf), "eta_min"),
+                       (lambda: warmup_cosine_factor(10**30, 100, 10, 0.1), "step"),
+                       (lambda: warmup_cosine_factor(1, 100, 10, None), "min_factor")):
+        with pytest.raises(ValueError, match=what):
+            make()
+    assert opt.param_groups[0]["lr"] == 0.1  # nothing half-applied
+
+
 def test_scheduler_state_dict_round_trip(ctx):
     opt = F.optim.SGD([_var(ctx, [1.0])], lr=1.0)
     s = F.optim.lr.CosineAnnealingLR(opt, T_max=10)

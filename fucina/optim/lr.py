@@ -16,6 +16,22 @@ from typing import Any
 
 from .optimizer import Optimizer
 
+#: Largest step count or period the schedules take: exact in a float.
+_MAX_INT = 2**53
+
+
+def _real(v: Any, name: str) -> float:
+    """A finite real number (not bool) as a float; ValueError naming ``name`` otherwise."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} must be a finite real number, got {v!r}")
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float
+        f = math.inf
+    if not math.isfinite(f):
+        raise ValueError(f"{name} must be a finite real number, got {v!r}")
+    return f
+
 
 def warmup_cosine_factor(step: int, total_steps: int, warmup_steps: int,
                          min_factor: float) -> float:
@@ -23,11 +39,11 @@ def warmup_cosine_factor(step: int, total_steps: int, warmup_steps: int,
     0-based), then cosine decay to ``min_factor`` at ``total_steps`` (and after)."""
     for name, v in (("step", step), ("total_steps", total_steps),
                     ("warmup_steps", warmup_steps)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
-            raise ValueError(f"warmup_cosine_factor: {name} must be a non-negative integer, "
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) \
+                or not 0 <= int(v) <= _MAX_INT:
+            raise ValueError(f"warmup_cosine_factor: {name} must be an integer in [0, 2**53], "
                              f"got {v!r}")
-    if not math.isfinite(min_factor):
-        raise ValueError(f"warmup_cosine_factor: min_factor must be finite, got {min_factor!r}")
+    min_factor = _real(min_factor, "warmup_cosine_factor: min_factor")
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if total_steps <= warmup_steps:
@@ -106,8 +122,9 @@ class LRScheduler(abc.ABC):
 
 
 def _positive_int(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) \
+            or not 0 < int(v) <= _MAX_INT:
+        raise ValueError(f"{name} must be a positive integer up to 2**53, got {v!r}")
     return int(v)
 
 
@@ -117,7 +134,7 @@ class StepLR(LRScheduler):
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1,
                  last_epoch: int = -1):
         self.step_size = _positive_int(step_size, "step_size")
-        self.gamma = float(gamma)
+        self.gamma = _real(gamma, "gamma")
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
@@ -134,7 +151,7 @@ class CosineAnnealingLR(LRScheduler):
     def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0,
                  last_epoch: int = -1):
         self.T_max = _positive_int(T_max, "T_max")
-        self.eta_min = float(eta_min)
+        self.eta_min = _real(eta_min, "eta_min")
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
@@ -158,9 +175,9 @@ class LinearLR(LRScheduler):
 
     def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3,
                  end_factor: float = 1.0, total_iters: int = 5, last_epoch: int = -1):
-        if not 0 < start_factor <= 1:
+        if not 0 < _real(start_factor, "start_factor") <= 1:
             raise ValueError(f"start_factor must be in (0, 1], got {start_factor!r}")
-        if not 0 <= end_factor <= 1:
+        if not 0 <= _real(end_factor, "end_factor") <= 1:
             raise ValueError(f"end_factor must be in [0, 1], got {end_factor!r}")
         self.start_factor = float(start_factor)
         self.end_factor = float(end_factor)
