@@ -67,6 +67,15 @@ def test_clip_grad_norm_by_hand(ctx):
     assert F.optim.clip_grad_norm(_var(ctx, [1.0]), 1.0) == 0.0  # no gradient at all
     with pytest.raises(ValueError, match="max_norm"):
         F.optim.clip_grad_norm([p], -1.0)
+    # A tuple or None let Python's float() TypeError escape; an int beyond float, its
+    # OverflowError.
+    with pytest.raises(TypeError, match="max_norm must be a real number"):
+        F.optim.clip_grad_norm([p], (1.0,))
+    with pytest.raises(ValueError, match="max_norm must be finite"):
+        F.optim.clip_grad_norm([p], 10**400)
+    for make in (lambda: F.optim.SGD([p], lr=10**400), lambda: F.optim.Adam([p], eps=10**400)):
+        with pytest.raises(ValueError, match="invalid (lr|eps)"):
+            make()
     with pytest.raises(TypeError, match=r"params\[0\]"):
         F.optim.clip_grad_norm([np.ones(2)], 1.0)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import math
 import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -426,7 +427,10 @@ def check_number(group: dict[str, Any], key: str, gi: int, *, low: float = 0.0,
     v = group[key] if value is _MISSING else value
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise ValueError(f"param_groups[{gi}]: {key} must be a number, got {v!r}")
-    x = float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # an int beyond float
+        x = math.inf
     bad = not np.isfinite(x) or x < low or (high is not None and (x >= high if high_open
                                                                    else x > high))
     if bad:
