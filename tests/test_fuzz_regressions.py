@@ -398,3 +398,21 @@ def test_a_rope_source_dict_missing_fields_is_refused_by_name(ctx):
         x.rope("a", "b", {1: 2, "positions": [0, 1], "theta_base": 10.0}, "half")
     rotated = x.rope("a", "b", {"positions": [0, 1], "theta_base": 10.0}, "half").numpy()
     np.testing.assert_array_equal(rotated[0], [1, 1, 1, 1])  # position 0 turns by 0
+
+
+def test_rope_tables_and_scales_given_ints_beyond_float_are_refused_by_name(ctx):
+    # RopeTheta(theta_base=10**400), prepare_rope_table_inv_freqs_f64(pos0=10**400) and
+    # take_scale_no_grad(10**400) let OverflowError escape; a count or dim of 10**400,
+    # numpy's "Maximum allowed size exceeded".
+    with pytest.raises(ValueError, match="theta_base must be within the float range"):
+        F.RopeTheta(positions=[0, 1], theta_base=10**400)
+    with pytest.raises(F.InvalidShape, match="reach beyond 2\\*\\*53"):
+        ctx.prepare_rope_table_inv_freqs_f64(10**400, 2, [1.0])
+    with pytest.raises(F.InvalidShape, match="count must be in"):
+        ctx.prepare_rope_table_inv_freqs_f64(0, 10**400, [1.0])
+    with pytest.raises(F.InvalidShape, match="feature_dim must be a positive even number"):
+        ctx.yarn_blend_inv_freqs_f64(10**400, 10000.0, 4.0, 4096)
+    with pytest.raises(ValueError, match="scale"):
+        F.Tensor("a").ones(ctx, (2,)).take_scale_no_grad(10**400)
+    table = ctx.prepare_rope_table_inv_freqs_f64(3, 2, [1.0])
+    np.testing.assert_allclose(table.cos.reshape(-1), np.cos([3.0, 4.0]), rtol=1e-6)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Deinitialized, IndexOutOfBounds, InvalidDataLength, InvalidShape
+from .raw import MAX_ELEMENTS, MAX_ELEMENTS_TEXT
 
 
 def _int(v: Any, what: str) -> int:
@@ -37,7 +38,10 @@ def _int(v: Any, what: str) -> int:
 def _real(v: Any, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{what} must be a real number, got {v!r}")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:  # an int beyond float
+        raise ValueError(f"{what} must be within the float range, got {v!r}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,8 +151,9 @@ def pow_inv_freqs(feature_dim: int, theta_base: float) -> np.ndarray:
 
 def _check_dim(feature_dim: Any) -> int:
     d = _int(feature_dim, "feature_dim")
-    if d <= 0 or d % 2:
-        raise InvalidShape(f"feature_dim must be a positive even number, got {d}")
+    if d <= 0 or d % 2 or d > MAX_ELEMENTS:
+        raise InvalidShape(f"feature_dim must be a positive even number up to "
+                           f"{MAX_ELEMENTS_TEXT}, got {d}")
     return d
 
 
@@ -270,8 +275,10 @@ def prepare_inv_freqs_f64(pos0: Any, count: Any, inv_freq: Any, inverse: bool = 
     frequencies; angles ``(pos0 + j) * inv_freq[i]`` in f64, rounded once to f32."""
     p0 = _int(pos0, "pos0")
     n = _int(count, "count")
-    if n <= 0:
-        raise InvalidShape(f"count must be > 0, got {n}")
+    if n <= 0 or n > MAX_ELEMENTS:
+        raise InvalidShape(f"count must be in [1, {MAX_ELEMENTS_TEXT}], got {n}")
+    if abs(p0) > 2**53 or abs(p0 + n) > 2**53:  # positions exact in the f64 angles
+        raise InvalidShape(f"positions {p0} .. {p0 + n} reach beyond 2**53")
     try:
         inv = np.asarray(inv_freq, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError, OverflowError):  # (an int beyond float)

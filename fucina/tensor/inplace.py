@@ -16,7 +16,6 @@ tensor; a take_* op consumes the argument it was given.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ from ..ir.graph import Node, leaf
 from ..kernels import inplace as K
 from ..kernels.elementwise import PUBLIC_UNARY
 from ..runtime.gradmode import no_grad
+from .arguments import real_arg
 from .base import (
     Tensor,
     align_node,
@@ -198,7 +198,6 @@ class InPlace(Tensor):
     def take_scale_no_grad(self, s: float) -> Self:
         """self * s, consuming self (its buffer is reused when nothing else views it)."""
         _no_grad_operands("take_scale_no_grad", self)
-        if isinstance(s, bool) or not isinstance(s, numbers.Real):
-            raise TypeError(f"scale must be a real number, got {s!r}")
+        s = real_arg(s, "scale")
         return _consume(self, "take_scale_no_grad", lambda raw: K.scale_into(raw, s),
                         lambda x: emit("scalar", (x,), fn="mul", value=s))
