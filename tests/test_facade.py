@@ -92,7 +92,8 @@ OLD = {
 
 # What the class facade adds (issue 7, API.md section 7): numpy/Python interop on every
 # branch, from_numpy where from_slice exists, operators on the integer and bool branches.
-_INTEROP = "ndim size __len__ __array__ __array_ufunc__ __bool__ __float__ __int__"
+_INTEROP = ("ndim size __len__ __array__ __array_ufunc__ __array_function__ __bool__ __float__ "
+            "__int__")
 _INT_OPS = "__add__ __sub__ __mul__ __floordiv__ __mod__ __and__ __or__ __xor__"
 # Reflected operators (issue 8): ``1 + i`` raises the same TypeError as ``i + 1``.
 _INT_ROPS = "__radd__ __rsub__ __rmul__ __rfloordiv__ __rmod__ __rand__ __ror__ __rxor__"
