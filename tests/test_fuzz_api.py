@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -161,6 +162,65 @@ def compiled_equals_eager(ints: Callable[[int, int], int]) -> None:
         other = _new_shape_inputs(g, specs, ctxs)
         _same_outcome(calls, other, fast, ctxs, "new shapes")
         _same_outcome(calls, ins, fast, ctxs, "first shapes again")
+
+
+@fuzz_settings(120)
+@given(st.data())
+def test_compiled_gradients_equal_eager(data):
+    compiled_gradients_equal(hypothesis_ints(data))
+
+
+def _loss(outs: tuple[Any, ...]) -> Any:
+    """A scalar over every result that requires grad (each weighted differently), or None."""
+    loss = None
+    for k, o in enumerate(outs):
+        if not o.requires_grad:
+            continue
+        term = (o if o.dtype is F.f32 else o.to("f32")).sum_all().scale(0.5 + k)
+        loss = term if loss is None else loss + term
+    return loss
+
+
+def compiled_gradients_equal(ints: Callable[[int, int], int]) -> None:
+    """A valid program over variables, its results summed into a loss and run backward:
+    eagerly, and as one compiled program (forward and backward), give the same gradients
+    (or the same error)."""
+    ctxs = [F.ExecContext(), F.ExecContext()]
+    g = Gen(ints, ctxs)
+    calls, _ = _valid_program(g, g.int(1, 5), keep_error=False)
+    calls, ins, specs = compact(calls, g.ins, g.specs)
+    # Most float inputs become variables (the program was drawn on constants: ops that
+    # refuse operands requiring grad must refuse them the same way in both modes).
+    specs = [dataclasses.replace(s, variable=True, layout="dense")
+             if s.dtype in ("f32", "f16", "bf16") and g.chance(0.7) else s for s in specs]
+    if not any(s.variable for s in specs):
+        return
+
+    def step(*xs: Any) -> Any:
+        loss = _loss(replay(calls, list(xs), ctxs))
+        if loss is not None:
+            loss.backward()
+        return loss
+
+    grads = []
+    for run in (step, F.compile(step)):
+        fresh = [build_input(s, ctxs) for s in specs]  # variables without gradients
+        status, res = outcome(lambda run=run, fresh=fresh: run(*fresh))
+        if status == "err":
+            check_documented(res, f"{calls} ({'compiled' if run is not step else 'eager'})",
+                             any(operator_call(c) for c in calls))
+        grads.append((status, res, [x.grad() if s.variable else None
+                                    for x, s in zip(fresh, specs)]))
+    (e_status, e_res, e_grads), (c_status, c_res, c_grads) = grads
+    what = f"gradients of {calls}"
+    assert e_status == c_status, f"{what}: eager {e_status} {e_res!r}, compiled {c_res!r}"
+    if e_status == "err":
+        assert type(e_res) is type(c_res), f"{what}: eager {e_res!r}, compiled {c_res!r}"
+        return
+    for k, (eg, cg) in enumerate(zip(e_grads, c_grads)):
+        assert (eg is None) == (cg is None), f"{what}: input {k} has a gradient in one mode"
+        if eg is not None:
+            assert_same_tensors((eg,), (cg,), f"{what}: gradient of input {k}")
 
 
 @fuzz_settings(120)
