@@ -158,6 +158,22 @@ def _divisor_value(inputs: Sequence[Node], attrs: dict[str, Any],
 VALUE_CHECKS["binary"] = _divisor_value
 
 
+#: How ``fast.ir()`` states a value check: op -> (the input checked, what holds, the
+#: error otherwise). Ops not listed check index data in their second input.
+CHECK_TEXT: dict[str, tuple[int, str, str]] = {
+    "binary": (1, "no zero divisor", "DivisionByZero"),
+    "multinomial": (0, "weights finite, >= 0, a positive one per row", "InvalidShape"),
+    "segment_sum": (1, "offsets from 0 to the axis size, non-decreasing", "InvalidShape"),
+    "segment_broadcast": (1, "offsets from 0 to the axis size, non-decreasing",
+                          "InvalidShape"),
+}
+
+
+def check_text(node: Node) -> tuple[int, str, str]:
+    """(input checked, what holds, error otherwise) of ``node``'s value check."""
+    return CHECK_TEXT.get(node.op, (1, "index values in range", "IndexOutOfBounds"))
+
+
 def needs_value_check(node: Node) -> bool:
     """Whether running ``node`` needs a check of its input values first (index data, an
     integer divisor): eager checks every such op, so a program runs it even when nothing

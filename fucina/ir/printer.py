@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .checks import check_text
 from .graph import Node
 
 
@@ -75,9 +76,10 @@ def format_program(prog: Any, input_notes: list[str] | None = None) -> str:
                 out.append("    " + line + ("   -> stored" if id(n) in stored else ""))
         elif st.kind == "check":
             n = st.node
-            idx = ", ".join(names.get(id(i), "?") for i in n.inputs[1:2])
-            out.append(f"  check {idx}: index values in range for {names[id(n)]} = {n.op} "
-                       "(IndexOutOfBounds before any read)")
+            at, holds, error = check_text(n)
+            idx = ", ".join(names.get(id(i), "?") for i in n.inputs[at:at + 1])
+            out.append(f"  check {idx}: {holds} for {names[id(n)]} = {n.op} "
+                       f"({error} before any read)")
         else:
             n = st.node
             note = st.gemm.describe() if st.gemm is not None else "reference kernel"
