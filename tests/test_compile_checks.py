@@ -58,8 +58,8 @@ def test_the_check_is_a_step_of_the_program(ctx):
     assert "check %in1: index values in range" in text
     np.testing.assert_allclose(fast(x, idx).numpy(), np.exp([[2.0], [3.0]]), rtol=1e-6)
     # Other value checks say what they check (an integer division's read "index values").
-    i32 = F.Tensor("c", dtype="i32").from_slice(ctx, (2,), [4, 5])
-    text = F.compile(lambda a, b: a.div_floor(b)).ir(i32, i32)
+    a, b = (F.Tensor("c", dtype="i32").from_slice(ctx, (2,), v) for v in ([4, 5], [1, 2]))
+    text = F.compile(lambda a, b: a.div_floor(b)).ir(a, b)
     assert "check %in1: no zero divisor for %2 = binary (DivisionByZero" in text
 
 
