@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,7 +10,7 @@ from ..ir.execute import current_tracer
 from ..runtime.gradmode import no_grad
 from ..tensor import Tensor
 from .inplace import assign
-from .optimizer import _is_tensor, iter_params
+from .optimizer import _is_tensor, as_real, iter_params
 
 
 def clip_grad_norm(params: Iterable[Any] | Any, max_norm: float) -> Any:
@@ -29,12 +28,9 @@ def clip_grad_norm(params: Iterable[Any] | Any, max_norm: float) -> Any:
         if not _is_tensor(p):
             raise TypeError(f"clip_grad_norm: params[{k}] must be a fucina tensor, got "
                             f"{type(p).__name__}")
-    if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real):
+    limit = as_real(max_norm)
+    if limit is None:
         raise TypeError(f"clip_grad_norm: max_norm must be a real number, got {max_norm!r}")
-    try:
-        limit = float(max_norm)
-    except OverflowError:  # an int beyond float
-        limit = math.inf
     if not math.isfinite(limit) or limit < 0:
         raise ValueError(f"clip_grad_norm: max_norm must be finite and >= 0, got {max_norm!r}")
     tracer = current_tracer()

@@ -14,7 +14,7 @@ import math
 import numbers
 from typing import Any
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, as_real
 
 #: Largest step count or period the schedules take: exact in a float.
 _MAX_INT = 2**53
@@ -22,13 +22,8 @@ _MAX_INT = 2**53
 
 def _real(v: Any, name: str) -> float:
     """A finite real number (not bool) as a float; ValueError naming ``name`` otherwise."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise ValueError(f"{name} must be a finite real number, got {v!r}")
-    try:
-        f = float(v)
-    except OverflowError:  # an int beyond float
-        f = math.inf
-    if not math.isfinite(f):
+    f = as_real(v)
+    if f is None or not math.isfinite(f):
         raise ValueError(f"{name} must be a finite real number, got {v!r}")
     return f
 
