@@ -71,6 +71,8 @@ def test_clip_grad_norm_by_hand(ctx):
     # OverflowError.
     with pytest.raises(TypeError, match="max_norm must be a real number"):
         F.optim.clip_grad_norm([p], (1.0,))
+    with pytest.raises(TypeError, match="params must be a tensor or an iterable"):
+        F.optim.clip_grad_norm(None, 1.0)  # Python's "'NoneType' object is not iterable"
     with pytest.raises(ValueError, match="max_norm must be finite"):
         F.optim.clip_grad_norm([p], 10**400)
     for make in (lambda: F.optim.SGD([p], lr=10**400), lambda: F.optim.Adam([p], eps=10**400)):

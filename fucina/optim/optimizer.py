@@ -451,7 +451,14 @@ def check_number(group: dict[str, Any], key: str, gi: int, *, low: float = 0.0,
 
 
 def iter_params(params: Iterable[Any] | Any) -> list[Any]:
-    """A tensor or an iterable of tensors as a list."""
+    """A tensor or an iterable of tensors as a list (TypeError for anything else)."""
     if _is_tensor(params):
         return [params]
-    return list(params)
+    if isinstance(params, (str, bytes, dict)):
+        raise TypeError(f"params must be a tensor or an iterable of tensors, got "
+                        f"{type(params).__name__}")
+    try:
+        return list(params)
+    except TypeError:
+        raise TypeError(f"params must be a tensor or an iterable of tensors, got "
+                        f"{type(params).__name__}") from None
