@@ -51,6 +51,7 @@ from .errors import (
     UnsupportedDType,
     UnsupportedVersion,
 )
+from .mappings import named_items
 
 __all__ = ["File", "TensorInfo", "decode_f32", "encode_f32", "open", "write"]
 
@@ -469,11 +470,13 @@ def write(path: str | os.PathLike[str], metadata: Mapping[str, Any],
     paths written.
     """
     path = Path(path)
+    meta_items = named_items(metadata, "gguf.write: metadata")
+    tensor_items = named_items(tensors, "gguf.write: tensors")
     w = GGUFWriter(path, "", split_max_tensors=split_max_tensors)
-    for key, value in metadata.items():
+    for key, value in meta_items:
         v, vt, sub = _value_type(value, key)
         w.add_key_value(key, v, vt, sub_type=sub)
-    for name, value in tensors.items():
+    for name, value in tensor_items:
         arr, raw_dtype = _wire(name, value)
         w.add_tensor(name, arr, raw_dtype=raw_dtype)
     written = w.format_shard_names(path)

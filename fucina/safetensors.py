@@ -40,6 +40,7 @@ from .errors import (
     TruncatedFile,
     UnsupportedDType,
 )
+from .mappings import named_items
 
 __all__ = ["File", "TensorInfo", "open", "save"]
 
@@ -184,8 +185,10 @@ def _array_of(name: str, value: Any) -> tuple[np.ndarray, DType]:
 def save(path: str | os.PathLike[str], tensors: Mapping[str, Any],
          metadata: Mapping[str, str] | None = None) -> None:
     """Write ``tensors`` (name -> fucina tensor or numpy array) and string ``metadata``."""
-    arrays = {name: _array_of(name, v) for name, v in tensors.items()}
-    meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+    arrays = {name: _array_of(name, v)
+              for name, v in named_items(tensors, "safetensors.save: tensors")}
+    meta = None if metadata is None else {
+        k: str(v) for k, v in named_items(metadata, "safetensors.save: metadata")}
     specs: dict[str, Any]
     if hasattr(_st, "TensorSpec"):
         specs = {name: _st.TensorSpec(dtype=_SPEC_NAMES[dt], shape=list(a.shape),

@@ -163,3 +163,27 @@ def test_a_rank_0_tensor_reads_back(ctx: fucina.ExecContext, tmp_path: Path) -> 
         assert f.tensor(ctx, "s", ("a",)).numpy().tolist() == [2.5]
         with pytest.raises(fucina.TagError, match="rank 1"):
             f.tensor(ctx, "s", ("a", "b"))
+
+
+def test_writers_refuse_what_is_not_a_mapping_of_names(ctx: fucina.ExecContext,
+                                                       tmp_path: Path) -> None:
+    # gguf.write(p, None, ...) raised AttributeError ('items'), a non-str tensor name
+    # TypeError "object of type 'int' has no len()" from gguf-py, and safetensors.save's
+    # library its own "'int' object is not an instance of 'str'".
+    x = fucina.Tensor("a").from_slice(ctx, (2,), [1.0, 2.0])
+    cases = [
+        (lambda: fucina.gguf.write(tmp_path / "a.gguf", None, {"t": x}),
+         "gguf.write: metadata must be a mapping"),
+        (lambda: fucina.gguf.write(tmp_path / "a.gguf", {1: 2}, {"t": x}),
+         "gguf.write: metadata: the name 1 is not a str"),
+        (lambda: fucina.gguf.write(tmp_path / "a.gguf", {}, "x"),
+         "gguf.write: tensors must be a mapping"),
+        (lambda: fucina.safetensors.save(tmp_path / "a.safetensors", {1: x}),
+         "safetensors.save: tensors: the name 1 is not a str"),
+        (lambda: fucina.safetensors.save(tmp_path / "a.safetensors", {"t": x}, "meta"),
+         "safetensors.save: metadata must be a mapping"),
+    ]
+    for write, message in cases:
+        with pytest.raises(TypeError, match=message):
+            write()
+    assert not list(tmp_path.iterdir())  # nothing written
