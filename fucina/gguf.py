@@ -354,6 +354,9 @@ class File:
         from .tensor import Tensor
 
         info = self._info(name)
+        if not isinstance(tags, (str, tuple, list)):
+            raise TagError(f"{self.path}: tags must be a tag name or a sequence of them, "
+                           f"got {type(tags).__name__}")
         tag_tuple = (tags,) if isinstance(tags, str) else tuple(tags)
         # GGUF has no rank 0: write() stores a rank-0 tensor as shape (1,), read back by ().
         rank0 = not tag_tuple and info.shape == (1,)

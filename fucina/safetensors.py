@@ -142,6 +142,9 @@ class File:
         from .tensor import Tensor
 
         info, dtype = self._info(name)
+        if not isinstance(tags, (str, tuple, list)):
+            raise TagError(f"{self.path}: tags must be a tag name or a sequence of them, "
+                           f"got {type(tags).__name__}")
         tag_tuple = (tags,) if isinstance(tags, str) else tuple(tags)
         if len(tag_tuple) != len(info.shape):
             raise TagError(f"{self.path}: tensor {name!r} has rank {len(info.shape)} (shape "

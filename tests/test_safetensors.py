@@ -187,3 +187,9 @@ def test_writers_refuse_what_is_not_a_mapping_of_names(ctx: fucina.ExecContext,
         with pytest.raises(TypeError, match=message):
             write()
     assert not list(tmp_path.iterdir())  # nothing written
+    fucina.safetensors.save(tmp_path / "b.safetensors", {"t": x})
+    fucina.gguf.write(tmp_path / "b.gguf", {}, {"t": x})
+    for f in (fucina.safetensors.open(tmp_path / "b.safetensors"),
+              fucina.gguf.open(tmp_path / "b.gguf")):
+        with f, pytest.raises(fucina.TagError, match="tags must be a tag name"):
+            f.tensor(ctx, "t", None)  # Python's "'NoneType' object is not iterable"
