@@ -209,6 +209,8 @@ def test_bad_input_errors(model: llama.LlamaModel, synth: Path, tmp_path: Path) 
         model.generate([3], -1)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         llama.load(tmp_path / "missing.gguf")
+    with pytest.raises(IsADirectoryError, match="is a directory, not a GGUF file"):
+        llama.load(tmp_path)  # said "does not exist"
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all")
     with pytest.raises(fucina.ModelFileError):

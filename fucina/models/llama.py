@@ -225,6 +225,8 @@ class LlamaModel(Reopenable):
 
     def __init__(self, gguf_path: str | os.PathLike[str]):
         p = Path(gguf_path)
+        if p.is_dir():
+            raise IsADirectoryError(f"model file {str(p)!r} is a directory, not a GGUF file")
         if not p.is_file():
             raise FileNotFoundError(f"model file {str(p)!r} does not exist")
         self.path = p
