@@ -516,8 +516,8 @@ class _Walker:
             self._class(cls, path + (("attr", "__class__"),), depth + 1)
 
     def _class(self, cls: type, path: Path, depth: int) -> None:
-        """A user class: the methods it defines (their globals, closures and defaults)
-        and the class attributes reachable code mentions."""
+        """A user class: the methods and class attributes reachable code names (methods
+        with the globals, closures and defaults they read), and its special methods."""
         if self.count > MAX_OBJECTS:
             return
         self.count += 1
@@ -530,12 +530,16 @@ class _Walker:
                     continue
                 seen.add(name)  # (a subclass's attribute hides its bases')
                 dunder = name.startswith("__") and name.endswith("__")
+                # Methods that reachable code names, and the special methods Python calls
+                # itself (__call__, __getitem__, ...): a method nothing calls (a plot()
+                # beside forward()) adds no guards.
+                called = (name in self.names or self.dynamic
+                          or (dunder and name not in _NOT_CALLED_BY_TRACE))
                 if isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
-                    if name in _NOT_CALLED_BY_TRACE:
-                        continue
-                    self.visit(getattr(cls, name), path + (("attr", name),), depth + 1)
+                    if called:
+                        self.visit(getattr(cls, name), path + (("attr", name),), depth + 1)
                 elif isinstance(raw, property):
-                    if raw.fget is not None:
+                    if raw.fget is not None and called:
                         self.visit(raw.fget, path + (("attr", name), ("attr", "fget")),
                                    depth + 2)
                 elif dunder or isinstance(raw, (types.MemberDescriptorType,

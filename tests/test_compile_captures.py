@@ -342,3 +342,29 @@ def test_an_object_whose_getattr_raises_key_error_can_be_captured(ctx):
     cfg = Config()
     _stays_equal_to_eager(ctx, lambda t: t * cfg.k, lambda: cfg._d.__setitem__("k", 3.0),
                           [2, -4, 6], [3, -6, 9])
+
+
+# A module-level table only an uncalled method reads (rebound by the test below).
+PLOT_TABLE = np.zeros(3)
+
+
+def test_a_method_nothing_calls_adds_no_guards(ctx):
+    # The class walk follows the methods reachable code names (and special methods): a
+    # plot() beside __call__ must not make its globals guards (a retrace when they change).
+    global PLOT_TABLE
+
+    class Model:
+        def __call__(self, t):
+            return t * 2.0
+
+        def plot(self):
+            return float(PLOT_TABLE.sum())
+
+    m = Model()
+    fast = F.compile(lambda t: m(t))
+    x = _vec(ctx, [1.0, 2.0])
+    np.testing.assert_array_equal(fast(x).numpy(), [2, 4])
+    PLOT_TABLE = np.ones(3)
+    np.testing.assert_array_equal(fast(x).numpy(), [2, 4])
+    assert fast.cache_size() == 1
+    PLOT_TABLE = np.zeros(3)
