@@ -98,10 +98,18 @@ def _topk_index(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.
     return rows_back(res, ins[0].shape, axis)
 
 
-def _multinomial_rows(attrs: dict[str, Any], weights: np.ndarray) -> np.ndarray:
-    """The weights as f32 rows (``axis`` last), checked: finite, >= 0, a positive weight
-    per row, and without replacement as many nonzero classes as draws."""
-    w = rows_last(np.asarray(weights, dtype=np.float32), attrs["axis"])
+def _weight_rows(attrs: dict[str, Any], weights: np.ndarray) -> np.ndarray:
+    """The weights as f32 rows (``axis`` last)."""
+    return rows_last(np.asarray(weights, dtype=np.float32), attrs["axis"])
+
+
+def _multinomial_value(inputs: Sequence[Node], attrs: dict[str, Any],
+                       arrays: list[np.ndarray]) -> None:
+    """The weights are finite, >= 0, with a positive one per row, and without replacement
+    as many nonzero classes as draws. Eager runs this before the op, a compiled program
+    as a step of its own even where nothing reads the draws (checks.needs_value_check),
+    so the kernel below takes checked weights."""
+    w = _weight_rows(attrs, arrays[0])
     num, replacement = attrs["k"], bool(attrs["replacement"])
     if not np.isfinite(w).all():
         raise InvalidShape("multinomial weights must be finite")
@@ -115,14 +123,6 @@ def _multinomial_rows(attrs: dict[str, Any], weights: np.ndarray) -> np.ndarray:
         row = int(np.argmax(nonzero < num))
         raise InvalidShape(f"multinomial without replacement: {num} samples but row {row} "
                            f"has {int(nonzero[row])} nonzero classes")
-    return w
-
-
-# Eager checks the weights when the op runs; a compiled program runs this check even where
-# nothing reads the draws (ir/checks.needs_value_check).
-def _multinomial_value(inputs: Sequence[Node], attrs: dict[str, Any],
-                       arrays: list[np.ndarray]) -> None:
-    _multinomial_rows(attrs, arrays[0])
 
 
 VALUE_CHECKS["multinomial"] = _multinomial_value
@@ -130,9 +130,9 @@ VALUE_CHECKS["multinomial"] = _multinomial_value
 
 @kernel("multinomial")
 def _multinomial(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """Categorical draws along ``axis`` (the last); the weights are checked first."""
+    """Categorical draws along ``axis`` (the last), from checked weights."""
     axis, num, replacement = attrs["axis"], attrs["k"], bool(attrs["replacement"])
-    w = _multinomial_rows(attrs, ins[0])
+    w = _weight_rows(attrs, ins[0])
     res = np.empty((w.shape[0], num), np.int64)
     K.multinomial_rows(w, num, np.uint64(attrs["seed"]), replacement, res)
     return rows_back(res, ins[0].shape, axis)

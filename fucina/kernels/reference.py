@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType
-from ..errors import DivisionByZero
 from . import gemm
 from .cast import bf16_to_f32, cast_array, f32_to_bf16
 from .elementwise import BINARY, COMPARE, SCALAR, UNARY
@@ -46,14 +45,10 @@ def cast(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray
     return cast_array(ins[0], attrs["src"].value, out.value)
 
 
-_INT_DIVISION = frozenset({"div_trunc", "div_floor", "rem", "mod"})
-
-
 @kernel("binary")
 def binary(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
-    """Same-shape elementwise binary op (integer division checks its divisor first)."""
-    if attrs["fn"] in _INT_DIVISION and not np.all(ins[1]):
-        raise DivisionByZero(f"{attrs['fn']}: the divisor holds a zero")
+    """Same-shape elementwise binary op. An integer division's divisor was checked
+    before this runs (``ir/checks``: eager's op and a program's check step)."""
     with np.errstate(all="ignore"):
         return BINARY[attrs["fn"]].numpy(ins[0], ins[1])
 

@@ -40,6 +40,7 @@ import fucina
 import fucina.gguf as gg
 from fucina.errors import IndexOutOfBounds, ModelFileError, TensorNotFound
 from fucina.models.reopen import Reopenable, ReopenSpec
+from fucina.tensor.arguments import real_value
 
 __all__ = ["MIN_CACHE", "PREFILL_BUCKET", "LlamaModel", "LlamaTokenizer", "cache_capacity",
            "default_model_path", "load", "rope_factors"]
@@ -469,24 +470,17 @@ class _Sampler:
     """Greedy or temperature / top-k / top-p sampling, draw ``i`` from ``rng.at(seed, i)``."""
 
     def __init__(self, temperature: float, top_k: int, top_p: float, seed: int):
-        t = math.nan
-        if isinstance(temperature, (int, float, np.integer, np.floating)) \
-                and not isinstance(temperature, (bool, np.bool_)):
-            try:
-                t = float(temperature)
-            except OverflowError:  # an int beyond float
-                t = math.inf
-        if not math.isfinite(t) or t < 0:
+        t = real_value(temperature)
+        if t is None or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         self.top_k = _nonneg_int(top_k, "top_k")
-        if isinstance(top_p, (bool, np.bool_)) \
-                or not isinstance(top_p, (int, float, np.integer, np.floating)) \
-                or not 0 < top_p <= 1:
+        p = real_value(top_p)
+        if p is None or not 0 < p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.temperature = t
-        self.top_p = float(top_p)
+        self.top_p = p
         self.seed = int(seed)
 
     def draw(self, logits: np.ndarray, i: int) -> int:

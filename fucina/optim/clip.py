@@ -9,8 +9,9 @@ from typing import Any
 from ..ir.execute import current_tracer
 from ..runtime.gradmode import no_grad
 from ..tensor import Tensor
+from ..tensor.arguments import real_value
 from .inplace import assign
-from .optimizer import _is_tensor, as_real, iter_params
+from .optimizer import _is_tensor, iter_params
 
 
 def clip_grad_norm(params: Iterable[Any] | Any, max_norm: float) -> Any:
@@ -28,7 +29,7 @@ def clip_grad_norm(params: Iterable[Any] | Any, max_norm: float) -> Any:
         if not _is_tensor(p):
             raise TypeError(f"clip_grad_norm: params[{k}] must be a fucina tensor, got "
                             f"{type(p).__name__}")
-    limit = as_real(max_norm)
+    limit = real_value(max_norm)
     if limit is None:
         raise TypeError(f"clip_grad_norm: max_norm must be a real number, got {max_norm!r}")
     if not math.isfinite(limit) or limit < 0:

@@ -14,7 +14,8 @@ import math
 import numbers
 from typing import Any
 
-from .optimizer import Optimizer, as_real
+from ..tensor.arguments import real_value
+from .optimizer import Optimizer
 
 #: Largest step count or period the schedules take: exact in a float.
 _MAX_INT = 2**53
@@ -22,7 +23,7 @@ _MAX_INT = 2**53
 
 def _real(v: Any, name: str) -> float:
     """A finite real number (not bool) as a float; ValueError naming ``name`` otherwise."""
-    f = as_real(v)
+    f = real_value(v)
     if f is None or not math.isfinite(f):
         raise ValueError(f"{name} must be a finite real number, got {v!r}")
     return f

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import math
 import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -33,6 +32,7 @@ from ..dtypes import DType
 from ..ir.execute import current_tracer
 from ..runtime.gradmode import no_grad
 from ..tensor import Tensor
+from ..tensor.arguments import real_value
 from .inplace import assign, refuse_trace
 
 _MISSING = object()
@@ -419,24 +419,13 @@ def _state_array(v: Any, p: Any, where: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def as_real(v: Any) -> float | None:
-    """``v`` as a float when it is a real number (bool is not; an int beyond the float
-    range is inf), else None."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        return None
-    try:
-        return float(v)
-    except OverflowError:
-        return math.inf
-
-
 def check_number(group: dict[str, Any], key: str, gi: int, *, low: float = 0.0,
                  high: float | None = None, high_open: bool = False,
                  value: Any = _MISSING) -> float:
     """``group[key]`` (or ``value``) as a float in [low, high] or [low, high); ValueError
     naming the group and option otherwise."""
     v = group[key] if value is _MISSING else value
-    x = as_real(v)
+    x = real_value(v)
     if x is None:
         raise ValueError(f"param_groups[{gi}]: {key} must be a number, got {v!r}")
     bad = not np.isfinite(x) or x < low or (high is not None and (x >= high if high_open

@@ -92,15 +92,27 @@ def sizes_arg(v: Any, name: str, count: int | None = None) -> tuple[int, ...]:
     return sizes
 
 
-def real_arg(v: Any, name: str) -> float:
-    """A real number (Python or numpy; bool rejected) as a Python float. An integer too
-    large for a float is a ValueError naming the argument."""
+def real_value(v: Any) -> float | None:
+    """``v`` as a Python float when it is a real number (Python or numpy; bool is not),
+    else None; an integer too large for a float is inf. The shared first step of the
+    checks of real-valued options (each raises its own error)."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-        raise TypeError(bad_argument(name, v, "a real number"))
+        return None
     try:
         return float(v)
     except OverflowError:
-        raise ValueError(bad_argument(name, v, "a number within the float range")) from None
+        return math.inf
+
+
+def real_arg(v: Any, name: str) -> float:
+    """A real number (Python or numpy; bool rejected) as a Python float. An integer too
+    large for a float is a ValueError naming the argument."""
+    x = real_value(v)
+    if x is None:
+        raise TypeError(bad_argument(name, v, "a real number"))
+    if math.isinf(x) and isinstance(v, numbers.Integral):
+        raise ValueError(bad_argument(name, v, "a number within the float range"))
+    return x
 
 
 def optional_real_arg(v: Any, name: str) -> float | None:

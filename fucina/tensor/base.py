@@ -622,8 +622,9 @@ def _as_arrays(v: Any) -> Any:
     if isinstance(v, Tensor):
         return np.asarray(v)
     if isinstance(v, (tuple, list)):
-        return type(v)(_as_arrays(u) for u in v) if not hasattr(v, "_fields") \
-            else type(v)(*(_as_arrays(u) for u in v))
+        items = [_as_arrays(u) for u in v]
+        make = getattr(type(v), "_make", None)  # a namedtuple takes its fields
+        return make(items) if make is not None else type(v)(items)
     if isinstance(v, dict):
         return {k: _as_arrays(u) for k, u in v.items()}
     return v
