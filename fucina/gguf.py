@@ -52,6 +52,7 @@ from .errors import (
     UnsupportedVersion,
 )
 from .mappings import named_items
+from .tags import normalize_tags
 
 __all__ = ["File", "TensorInfo", "decode_f32", "encode_f32", "open", "write"]
 
@@ -349,15 +350,13 @@ class File:
         return raw.view(storage).reshape(shape)
 
     def tensor(self, ctx: Any, name: str, tags: Sequence[str] | str) -> Any:
-        """A zero-copy constant tensor over the mapping, tagged ``tags`` (outermost first)."""
+        """A zero-copy constant tensor over the mapping, tagged ``tags`` (outermost first).
+        ``tags`` is a spec as in ``fucina.Tensor(...)``: names, one name, or a rank."""
         from .runtime.raw import RawTensor
         from .tensor import Tensor
 
         info = self._info(name)
-        if not isinstance(tags, (str, tuple, list)):
-            raise TagError(f"{self.path}: tags must be a tag name or a sequence of them, "
-                           f"got {type(tags).__name__}")
-        tag_tuple = (tags,) if isinstance(tags, str) else tuple(tags)
+        tag_tuple = normalize_tags(tags)
         # GGUF has no rank 0: write() stores a rank-0 tensor as shape (1,), read back by ().
         rank0 = not tag_tuple and info.shape == (1,)
         if len(tag_tuple) != len(info.shape) and not rank0:

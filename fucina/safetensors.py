@@ -41,6 +41,7 @@ from .errors import (
     UnsupportedDType,
 )
 from .mappings import named_items
+from .tags import normalize_tags
 
 __all__ = ["File", "TensorInfo", "open", "save"]
 
@@ -137,15 +138,13 @@ class File:
         return arr
 
     def tensor(self, ctx: Any, name: str, tags: Sequence[str] | str) -> Any:
-        """A constant tensor over the mapping, tagged ``tags`` (outermost first)."""
+        """A constant tensor over the mapping, tagged ``tags`` (outermost first).
+        ``tags`` is a spec as in ``fucina.Tensor(...)``: names, one name, or a rank."""
         from .runtime.raw import RawTensor
         from .tensor import Tensor
 
         info, dtype = self._info(name)
-        if not isinstance(tags, (str, tuple, list)):
-            raise TagError(f"{self.path}: tags must be a tag name or a sequence of them, "
-                           f"got {type(tags).__name__}")
-        tag_tuple = (tags,) if isinstance(tags, str) else tuple(tags)
+        tag_tuple = normalize_tags(tags)
         if len(tag_tuple) != len(info.shape):
             raise TagError(f"{self.path}: tensor {name!r} has rank {len(info.shape)} (shape "
                            f"{info.shape}), got {len(tag_tuple)} tags {tag_tuple}")

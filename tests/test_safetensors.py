@@ -191,5 +191,5 @@ def test_writers_refuse_what_is_not_a_mapping_of_names(ctx: fucina.ExecContext,
     fucina.gguf.write(tmp_path / "b.gguf", {}, {"t": x})
     for f in (fucina.safetensors.open(tmp_path / "b.safetensors"),
               fucina.gguf.open(tmp_path / "b.gguf")):
-        with f, pytest.raises(fucina.TagError, match="tags must be a tag name"):
+        with f, pytest.raises(fucina.TagError, match="argument .tags. expects a tag tuple"):
             f.tensor(ctx, "t", None)  # Python's "'NoneType' object is not iterable"
