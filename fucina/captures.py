@@ -64,12 +64,14 @@ CAPTURE_VIEW = "__fucina_captures__"
 
 #: Internal objects never looked into (contexts, IR nodes, raw tensors, storages).
 _OPAQUE = frozenset({ExecContext, Node, RawTensor, Storage})
-#: Methods of a user class a traced call does not run: not walked (a counter that
-#: ``__init__`` bumps must not retrace every call).
+#: Special methods of a user class a traced call does not run: not walked.
 _NOT_CALLED_BY_TRACE = frozenset({
-    "__init__", "__new__", "__del__", "__repr__", "__str__", "__init_subclass__",
-    "__post_init__", "__set_name__", "__class_getitem__", "__getstate__", "__setstate__",
-    "__reduce__", "__reduce_ex__"})
+    "__del__", "__repr__", "__str__", "__init_subclass__", "__set_name__",
+    "__class_getitem__", "__getstate__", "__setstate__", "__reduce__", "__reduce_ex__"})
+#: A class's constructors: walked where code names the class (it may build instances
+#: while tracing), not for a class reached only through an instance of it (a counter its
+#: ``__init__`` bumps would retrace every call).
+_CONSTRUCTORS = frozenset({"__new__", "__init__", "__post_init__"})
 
 #: Values guarded by equality (a compiled call retraces when one differs).
 PRIMITIVES = (int, float, complex, str, bytes, bool, type(None), slice, range, enum.Enum,
@@ -365,7 +367,8 @@ class _Walker:
         self.active: set[int] = set()  # ids of the objects on the current path
         self.count = 0
         self.new_names: set[str] = set()
-        self.classes: set[type] = set()  # user classes whose attributes were walked
+        # user classes walked -> whether with their constructors
+        self.classes: dict[type, bool] = {}
         self.dynamic = bool(names & DYNAMIC_ATTRS)
 
     def mention(self, code: types.CodeType) -> None:
@@ -385,9 +388,9 @@ class _Walker:
             return
         if isinstance(obj, type):
             caps.add_check(path, Check("is", obj))  # a rebound class changes what runs
-            if _user_class(obj) and obj not in self.classes and depth <= MAX_DEPTH:
-                self.classes.add(obj)  # (its attributes are guarded along the first path)
-                self._class(obj, path, depth)
+            if _user_class(obj) and not self.classes.get(obj) and depth <= MAX_DEPTH:
+                self.classes[obj] = True  # (its attributes are guarded along the first path)
+                self._class(obj, path, depth, constructors=True)
             return
         if isinstance(obj, ExecContext) or type(obj) in _OPAQUE or (
                 isinstance(obj, types.ModuleType) and not _user_module(obj.__name__)):
@@ -512,10 +515,10 @@ class _Walker:
         if _user_class(cls) and cls not in self.classes:
             # Class attributes read through the instance (``self.scale``), and what its
             # methods read (module globals), are guarded through the class.
-            self.classes.add(cls)
-            self._class(cls, path + (("attr", "__class__"),), depth + 1)
+            self.classes[cls] = False
+            self._class(cls, path + (("attr", "__class__"),), depth + 1, constructors=False)
 
-    def _class(self, cls: type, path: Path, depth: int) -> None:
+    def _class(self, cls: type, path: Path, depth: int, constructors: bool) -> None:
         """A user class: the methods and class attributes reachable code names (methods
         with the globals, closures and defaults they read), and its special methods."""
         if self.count > MAX_OBJECTS:
@@ -534,7 +537,8 @@ class _Walker:
                 # itself (__call__, __getitem__, ...): a method nothing calls (a plot()
                 # beside forward()) adds no guards.
                 called = (name in self.names or self.dynamic
-                          or (dunder and name not in _NOT_CALLED_BY_TRACE))
+                          or (dunder and name not in _NOT_CALLED_BY_TRACE
+                              and (constructors or name not in _CONSTRUCTORS)))
                 if isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
                     if called:
                         self.visit(getattr(cls, name), path + (("attr", name),), depth + 1)

@@ -368,3 +368,27 @@ def test_a_method_nothing_calls_adds_no_guards(ctx):
     np.testing.assert_array_equal(fast(x).numpy(), [2, 4])
     assert fast.cache_size() == 1
     PLOT_TABLE = np.zeros(3)
+
+
+# A module-level setting a constructor reads (rebound by the test below).
+INIT_SCALE = 2.0
+
+
+def test_a_class_built_while_tracing_reads_its_constructors_globals_again(ctx):
+    # The traced function builds the object, so __init__ runs in the trace: what it reads
+    # is guarded (the first class walk skipped constructors everywhere: a stale 2.0).
+    global INIT_SCALE
+
+    class Scale:
+        def __init__(self):
+            self.k = INIT_SCALE
+
+        def __call__(self, t):
+            return t * self.k
+
+    x = _vec(ctx, [1.0, 2.0])
+    fast = F.compile(lambda t: Scale()(t))
+    np.testing.assert_array_equal(fast(x).numpy(), [2, 4])
+    INIT_SCALE = 3.0
+    np.testing.assert_array_equal(fast(x).numpy(), [3, 6])
+    INIT_SCALE = 2.0
