@@ -45,4 +45,13 @@ def values() -> dict[str, np.ndarray]:
                      "short max_b": lambda u: u.max("b")}.items():
         out[name] = fn(short).numpy()
         out[f"{name} compiled"] = F.compile(fn)(short).numpy()
+    # row tails through the window of the last 32 (lanes.add_last: a rotation whose
+    # shuffles differ between the paths): tails of 13 and 31, plain and exp producers
+    for n in (77, 95):
+        rows = F.Tensor("r", "c").randn(ctx, (5, n), 6)
+        for name, fn in {"rms_norm": lambda u: u.rms_norm("c", 1e-6),
+                         "log_softmax": lambda u: u.log_softmax("c"),
+                         "softmax": lambda u: u.softmax("c")}.items():
+            out[f"tail {n} {name}"] = fn(rows).numpy()
+            out[f"tail {n} {name} compiled"] = F.compile(fn)(rows).numpy()
     return out

@@ -393,3 +393,81 @@ def test_vector_passes_equal_numpy_for_every_length(monkeypatch) -> None:
                 want[1, 3:3 + n] *= src[5:5 + n]
                 want[2, 3:3 + n] = src[5:5 + n]
                 np.testing.assert_array_equal(dst.view(np.uint8), want.view(np.uint8))
+
+
+def test_lane_window_tail_equals_the_run_tail() -> None:
+    """``add_last``/``mul_last`` (the tail taken from a window of the last L elements,
+    rotated in registers) give the bits of ``add_run``/``mul_run`` over the whole run,
+    for every tail length of both dtypes, NaN, inf and -0 included."""
+    from numba import njit
+
+    from fucina.kernels import lanes
+
+    @njit
+    def both(a, n, nl, zero, one):
+        out = np.empty((2, 2), a.dtype)
+        nm = n - n % nl
+        s = lanes.add_run(lanes.splat(zero), a, 0, n)
+        p = lanes.mul_run(lanes.splat(one), a, 0, n)
+        out[0, 0] = lanes.total_add(s)
+        out[0, 1] = lanes.total_mul(p)
+        s = lanes.add_last(lanes.add_run(lanes.splat(zero), a, 0, nm), a, n - nl, n - nm)
+        p = lanes.mul_last(lanes.mul_run(lanes.splat(one), a, 0, nm), a, n - nl, n - nm)
+        out[1, 0] = lanes.total_add(s)
+        out[1, 1] = lanes.total_mul(p)
+        return out
+
+    rng = np.random.default_rng(11)
+    for dt in (np.float32, np.float64):
+        nl = lanes.LANES[str(np.dtype(dt))]
+        for n in range(nl + 1, 3 * nl):
+            if n % nl == 0:
+                continue
+            a = (1 + rng.standard_normal(n) * 0.1).astype(dt)
+            a[rng.integers(0, n, 3)] = -0.0
+            if n % 5 == 0:
+                a[rng.integers(0, n)] = np.nan
+            if n % 7 == 0:
+                a[rng.integers(0, n)] = np.inf
+            got = both(a, n, nl, dt(0), dt(1))
+            assert np.array_equal(got[0].view(np.uint8), got[1].view(np.uint8)), (dt, n)
+
+
+#: Row lengths around the tail window of a fused lane reduction (lanes.add_last):
+#: shorter than one group of lanes, whole groups, tails of 1 and L - 1, tails on both
+#: sides of L / 2 (from where a producer that calls a function takes the window), and
+#: past one scratch row (256) with a tail.
+_WINDOW_N = [16, 31, 32, 33, 40, 47, 48, 63, 64, 65, 95, 257, 300, 543]
+
+
+@pytest.mark.parametrize("n", _WINDOW_N)
+def test_row_tails_through_the_window_follow_the_lane_order(
+        ctx: F.ExecContext, n: int) -> None:
+    v = (np.random.default_rng(n).standard_normal((3, n)) * 3).astype(np.float32)
+    x = F.Tensor("r", "c").from_slice(ctx, (3, n), v)
+    square_sum = F.compile(lambda a: a.mul(a).sum("c"))
+    assert any("ln.add_last" in k.source for k in square_sum.kernels(x))
+    np.testing.assert_array_equal(square_sum(x).numpy(),
+                                  np.array([lane_sum(r) for r in v * v]))
+    # A producer that calls a function (the window from a tail of L / 2 only): the
+    # elements are the eager exp kernel's values.
+    e = x.exp().numpy()
+    np.testing.assert_array_equal(F.compile(lambda a: a.exp().sum("c"))(x).numpy(),
+                                  np.array([lane_sum(r) for r in e]))
+    # Softmax sums its stored output (the window also rewrites that output's last L).
+    m = v.max(axis=1, keepdims=True)
+    ex = F.Tensor("r", "c").from_slice(ctx, (3, n), (v - m).astype(np.float32)).exp().numpy()
+    want = ex / np.array([lane_sum(r) for r in ex])[:, None]
+    for got in (F.compile(lambda a: a.softmax("c"))(x).numpy(), x.softmax("c").numpy()):
+        np.testing.assert_array_equal(got, want)
+    # float64: 16 lanes; a product keeps its -0 factor's lane out of the window's
+    # rotated, masked-off lanes (a second -0 there would flip the sign back).
+    v64 = np.random.default_rng(n + 1).standard_normal((2, n, 1))
+    x64 = F.Tensor("r", "c", dtype="f64").from_slice(ctx, (2, n), v64[:, :, 0])
+    np.testing.assert_array_equal(F.compile(lambda a: a.mul(a).sum("c"))(x64).numpy(),
+                                  _lane_sum_axis1(v64 * v64)[:, 0])
+    row = np.ones(n, np.float32)
+    row[n // 2] = -0.0
+    y = F.Tensor("r", "c").from_slice(ctx, (1, n), row[None])
+    got = F.compile(lambda a: a.neg().neg().prod("c"))(y).numpy()
+    assert got[0] == 0 and np.signbit(got[0])

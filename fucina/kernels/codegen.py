@@ -161,6 +161,13 @@ def _lane_names(st: Step) -> tuple[str, str, str]:
     return f"{_CTOR[st.dtype]}(0)", "ln.add_run", "ln.total_add"
 
 
+def _tail_window(steps: tuple[Step, ...], scratch: list[int]) -> int:
+    """The window (L elements) for the tails of these scratch reductions, or 0 where
+    there are none or their lane counts differ."""
+    counts = {LANES[steps[k].dtype] for k in scratch}
+    return counts.pop() if len(counts) == 1 else 0
+
+
 def _reduce_update(fn: str, acc: str, val: str, dtype: str) -> str:
     if fn in ("sum", "mean"):
         return f"{acc} = sf.add_reassoc({acc}, {val})"
@@ -536,12 +543,30 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
             run = _lane_names(steps[k])[1]
             w(depth, f"l{k} = {run}(l{k}, {name}, b_{name}, n{nk})")
         looped = [k for k in reds if k not in direct and k not in after and k not in scratch]
+        # One reduced axis, lane reductions through scratch rows (or of the stored output
+        # alone): the last partial group of lanes goes through a window of the row's last
+        # L elements (see lanes.add_last).
+        window = 0
+        if nr == 1 and not looped and (scratch and not last_phase or after and not scratch):
+            window = _tail_window(steps, scratch or list(after))
+        wroots = [steps[k].arg for k in scratch or list(after)]
+        n_last = f"n{nk + nr - 1}"
+
+        # A costly producer (a function call: exp, log, ...) recomputes up to L - tail
+        # elements in the window: worth it from a tail of L/2 (exp on Zen 4: tail 1 cost
+        # 1.2x the masked tail, tail 31 0.64x); plain arithmetic from a tail of 1.
+        least = window // 2 if any(_calls(steps[f]) for f in _closure(steps, wroots, "full")) \
+            else 1
+        nm_line = (f"nm = {n_last} - {n_last} % {window} if {n_last} >= {window} and "
+                   f"{n_last} % {window} >= {least} else {n_last}")
         if looped or scratch or last_phase:
             d = depth
             if scratch:
                 w(d, "p = 0")
+            elif window:
+                w(d, nm_line)
             for a in range(nr - 1 if scratch else nr):
-                w(d, f"for r{a} in range(n{nk + a}):")
+                w(d, f"for r{a} in range({'nm' if window else f'n{nk + a}'}):")
                 d += 1
             if scratch:
                 # The innermost reduced axis in segments that fill the scratch rows to
@@ -549,8 +574,12 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
                 # at scratch position t % SCRATCH, so each run starts on lane 0.
                 a = nr - 1
                 w(d, "q = 0")
-                w(d, f"while q < n{nk + a}:")
-                w(d + 1, f"seg = min({SCRATCH} - p, n{nk + a} - q)")
+                end = f"n{nk + a}"
+                if window:
+                    end = "nm"
+                    w(d, nm_line)
+                w(d, f"while q < {end}:")
+                w(d + 1, f"seg = min({SCRATCH} - p, {end} - q)")
                 w(d + 1, "for j in range(seg):")
                 inner = d + 2
                 w(inner, f"r{a} = q + j")
@@ -580,7 +609,30 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
                 for k in scratch:
                     w(depth, f"l{k} = {_lane_names(steps[k])[1]}(l{k}, s{k}, 0, p)")
         for k, name in after.items():
-            w(depth, f"l{k} = {_lane_names(steps[k])[1]}(l{k}, {name}, b_{name}, n{nk})")
+            w(depth, f"l{k} = {_lane_names(steps[k])[1]}(l{k}, {name}, b_{name}, "
+                     f"{'nm' if window else f'n{nk}'})")
+        if window:
+            # Scratch rows: p is a multiple of L below SCRATCH, so the window fits after
+            # it. The output's stores: the window rewrites some with the same values.
+            rows = scratch or list(after)[:1]
+            at = "p" if scratch else "0"
+            w(depth, f"if nm < {n_last}:")
+            if not scratch:
+                w(depth + 1, f"s{rows[0]} = ln.scratch({_lane_names(steps[rows[0]])[0]})")
+            w(depth + 1, f"for j in range(ln.hidden({window})):")
+            w(depth + 2, f"r{nr - 1} = {n_last} - {window} + j")
+            for f in _closure(steps, wroots, "full"):
+                emit(depth + 2, f, inner=True)
+            for k in rows:
+                w(depth + 2, f"s{k}[np.uint64({at} + j)] = v{steps[k].arg}")
+            if after:
+                op, _, name = full_outs[0]
+                idx = _index_expr(name, op.pattern, raxes, rloops, f"b_{name}")
+                w(depth + 2, f"{name}[np.uint64({idx})] = v{stored}")
+            for k in scratch or list(after):
+                last = _lane_names(steps[k])[1].replace("_run", "_last")
+                w(depth + 1, f"l{k} = {last}(l{k}, s{rows[0] if after else k}, {at}, "
+                             f"{n_last} - nm)")
         for k in reds:
             done.add(k)
             if lane_reduction(steps[k]) and nr > 0:

@@ -198,6 +198,58 @@ add_run = _run("add")
 mul_run = _run("mul")
 
 
+def _last(which: str) -> Any:
+    def typer(typingctx: Any, acc: Any, arr: Any, start: Any, tail: Any) -> Any:
+        if not (isinstance(acc, Lanes) and isinstance(arr, types.Array) and arr.ndim == 1
+                and arr.dtype == acc.dtype and isinstance(start, types.Integer)
+                and isinstance(tail, types.Integer)):
+            return None
+        sig = acc(acc, arr, start, tail)
+
+        def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+            accv, aryv, start_v, tail_v = args
+            aryty = signature.args[1]
+            start_v = context.cast(builder, start_v, signature.args[2], types.int64)
+            tail_v = context.cast(builder, tail_v, signature.args[3], types.int64)
+            ary = context.make_array(aryty)(context, builder, aryv)
+            nl = signature.args[0].count
+            fty = context.get_value_type(aryty.dtype)
+            vty = ir.VectorType(fty, nl)
+            p = builder.bitcast(builder.gep(ary.data, [start_v]), vty.as_pointer())
+            # One whole-vector load, the same width as the stores that wrote the window, so
+            # the store buffer forwards it (a narrower or shifted load waits for them).
+            win = builder.load(p, align=context.get_abi_sizeof(fty))
+            # Rotate left by L - tail lanes: bit by bit, a constant shuffle kept or not.
+            shift = builder.sub(ir.Constant(_I64, nl), tail_v)
+            b = nl // 2
+            while b >= 1:
+                rot = builder.shuffle_vector(win, win, ir.Constant(
+                    ir.VectorType(_I32, nl), [(i + b) % nl for i in range(nl)]))
+                on = builder.icmp_unsigned("!=", builder.and_(shift, ir.Constant(_I64, b)),
+                                           ir.Constant(_I64, 0))
+                win = builder.select(on, rot, win)
+                b //= 2
+            keep = _tail_mask(builder, tail_v, nl)
+            combined = builder.fadd(accv, win) if which == "add" else builder.fmul(accv, win)
+            return builder.select(keep, combined, accv)
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+#: ``add_last(lanes, arr, start, tail)``: add the last ``tail`` (1..L-1) elements of a
+#: reduction into lanes 0..tail-1, where ``arr[start:start + L]`` holds the reduction's
+#: last L elements (a window ending at its end, ``start`` aligned like the scratch row's
+#: groups). A kernel fills that window with a loop of constant trip count L, which LLVM
+#: stores as whole vectors; adding the tail from there costs no store-forwarding stall,
+#: where the masked load of :data:`add_run` over a scalar remainder's stores waits for
+#: them to reach the cache (about 10 ns per row on Zen 4). Same lanes, same bits.
+add_last = _last("add")
+#: ``mul_last(lanes, arr, start, tail)``: the product form of :data:`add_last`.
+mul_last = _last("mul")
+
+
 def _into(which: str) -> Any:
     def typer(typingctx: Any, dst: Any, dst_start: Any, src: Any, src_start: Any,
               n: Any) -> Any:
@@ -301,6 +353,26 @@ def _total(which: str) -> Any:
 total_add = _total("add")
 #: The product of the lanes by the same tree.
 total_mul = _total("mul")
+
+
+@intrinsic
+def hidden(typingctx: Any, n: Any) -> Any:
+    """``n`` (an integer), through an empty inline asm the optimizer cannot see into.
+
+    A loop of constant trip count L with a small body is fully unrolled before the
+    loop vectorizer runs, and the unrolled copies stay scalar (a window of 32 ``x*x``
+    became 32 ``vmulss`` and scalar stores). Over ``range(hidden(L))`` the vectorizer
+    keeps the loop: one iteration of L/16 zmm (AVX-512) or L/8 ymm vectors.
+    """
+    if not isinstance(n, types.Integer):
+        return None
+    sig = types.int64(n)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        v = context.cast(builder, args[0], signature.args[0], types.int64)
+        return builder.asm(ir.FunctionType(_I64, [_I64]), "", "=r,0", [v], False)
+
+    return sig, codegen
 
 
 @intrinsic

@@ -17,7 +17,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["emit_row", "row"]
+__all__ = ["ROW_ALIGN", "emit_row", "row"]
+
+#: Byte alignment of every stack row: one cache line, one AVX-512 vector.
+ROW_ALIGN = 64
 
 
 @intrinsic
@@ -48,6 +51,10 @@ def emit_row(context: Any, builder: ir.IRBuilder, arrty: Any, n: int, name: str)
     function's entry block (for intrinsics: :func:`row`, ``lanes.scratch``)."""
     dty = context.get_data_type(arrty.dtype)  # bool is a byte in arrays
     buf = cgutils.alloca_once(builder, dty, size=n, name=name)
+    # On a cache line: a vector store and the load reading it back share one line, so
+    # the store buffer forwards the value (Zen 4 measured: a row of 64 float32 through
+    # a scratch row at 8 bytes past a line took 17.7 ns; on a line, 4.7).
+    buf.align = ROW_ALIGN
     ary = context.make_array(arrty)(context, builder)
     itemsize = context.get_abi_sizeof(dty)
     intp = context.get_value_type(types.intp)

@@ -351,7 +351,9 @@ def _always_inline(impl):
             res = context.get_function(fnty, sig)(builder, args)
             for block in builder.function.blocks:
                 for instr in block.instructions:
-                    if isinstance(instr, CallInstr) and instr.callee.name == target:
+                    # (an inline asm callee has no name)
+                    callee = getattr(instr, "callee", None)
+                    if isinstance(instr, CallInstr) and getattr(callee, "name", None) == target:
                         instr.attributes.add("alwaysinline")
             return res
 
