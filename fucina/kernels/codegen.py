@@ -553,18 +553,34 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
         n_last = f"n{nk + nr - 1}"
 
         # A costly producer (a function call: exp, log, ...) recomputes up to L - tail
-        # elements in the window: worth it from a tail of L/2 (exp on Zen 4: tail 1 cost
-        # 1.2x the masked tail, tail 31 0.64x); plain arithmetic from a tail of 1.
-        least = window // 2 if any(_calls(steps[f]) for f in _closure(steps, wroots, "full")) \
-            else 1
-        nm_line = (f"nm = {n_last} - {n_last} % {window} if {n_last} >= {window} and "
-                   f"{n_last} % {window} >= {least} else {n_last}")
+        # elements in the window: worth it above a tail of L/2 (log_softmax's exp on Zen 4:
+        # tail 1 cost 1.2x the masked tail, 16 1.0-1.08x, 18 0.88x, 31 0.64-0.66x); plain
+        # arithmetic from a tail of 1.
+        least = window // 2 + 1 if any(_calls(steps[f])
+                                       for f in _closure(steps, wroots, "full")) else 1
+        nm_lines = [(0, f"nm = {n_last} - {n_last} % {window} if {n_last} >= {window} and "
+                        f"{n_last} % {window} >= {least} else {n_last}")]
+        if window and scratch and not spec.user_fns:
+            # A row shorter than L: the window reaches back before the row where every
+            # input it loads still holds those elements (the row before, in most layouts).
+            # Their values land in the lanes the tail mask leaves alone; only plain math
+            # runs on them (no user function, whose code might raise on them).
+            inside = []
+            for f in _closure(steps, wroots, "full"):
+                if steps[f].kind == "load":
+                    name, op = names_in[steps[f].arg], spec.inputs[steps[f].arg]
+                    lo = _index_expr(name, op.pattern, raxes, [f"({n_last} - {window})"],
+                                     f"b_{name}")
+                    inside.append(f"0 <= {lo} < {name}.shape[0]")
+            nm_lines += [(0, f"if {n_last} < {window} and {n_last} >= {least}"
+                             f"{''.join(' and ' + c for c in inside)}:"), (1, "nm = 0")]
         if looped or scratch or last_phase:
             d = depth
             if scratch:
                 w(d, "p = 0")
             elif window:
-                w(d, nm_line)
+                for dd, text in nm_lines:
+                    w(d + dd, text)
             for a in range(nr - 1 if scratch else nr):
                 w(d, f"for r{a} in range({'nm' if window else f'n{nk + a}'}):")
                 d += 1
@@ -577,7 +593,8 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
                 end = f"n{nk + a}"
                 if window:
                     end = "nm"
-                    w(d, nm_line)
+                    for dd, text in nm_lines:
+                        w(d + dd, text)
                 w(d, f"while q < {end}:")
                 w(d + 1, f"seg = min({SCRATCH} - p, {end} - q)")
                 w(d + 1, "for j in range(seg):")
