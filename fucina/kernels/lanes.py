@@ -143,25 +143,36 @@ def _masked_tail(builder: ir.IRBuilder, which: str, lanes: Any, start: Any, tail
         builder.store(builder.select(keep, combined, cur), lanes)
 
 
+def _is_run(acc: Any, arr: Any, start: Any, n: Any) -> bool:
+    """Whether ``(acc, arr, start, n)`` type as a run of ``arr`` into lanes ``acc``."""
+    return (isinstance(acc, Lanes) and isinstance(arr, types.Array) and arr.ndim == 1
+            and arr.dtype == acc.dtype and isinstance(start, types.Integer)
+            and isinstance(n, types.Integer))
+
+
+def _run_operands(context: Any, builder: ir.IRBuilder, signature: Any,
+                  args: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """(lanes value, the array's data pointer, start and count as i64, element type)."""
+    accv, aryv, start_v, n_v = args
+    aryty = signature.args[1]
+    start_v = context.cast(builder, start_v, signature.args[2], types.int64)
+    n_v = context.cast(builder, n_v, signature.args[3], types.int64)
+    ary = context.make_array(aryty)(context, builder, aryv)
+    return accv, ary.data, start_v, n_v, context.get_value_type(aryty.dtype)
+
+
 def _run(which: str) -> Any:
     def typer(typingctx: Any, acc: Any, arr: Any, start: Any, n: Any) -> Any:
-        if not (isinstance(acc, Lanes) and isinstance(arr, types.Array) and arr.ndim == 1
-                and arr.dtype == acc.dtype and isinstance(start, types.Integer)
-                and isinstance(n, types.Integer)):
+        if not _is_run(acc, arr, start, n):
             return None
         sig = acc(acc, arr, start, n)
 
         def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-            accv, aryv, start_v, n_v = args
-            aryty = signature.args[1]
-            start_v = context.cast(builder, start_v, signature.args[2], types.int64)
-            n_v = context.cast(builder, n_v, signature.args[3], types.int64)
-            ary = context.make_array(aryty)(context, builder, aryv)
-            fty = context.get_value_type(aryty.dtype)
+            accv, data, start_v, n_v, fty = _run_operands(context, builder, signature, args)
             nl = signature.args[0].count
             vty = ir.VectorType(fty, nl)
             align = context.get_abi_sizeof(fty)
-            base = builder.gep(ary.data, [start_v])
+            base = builder.gep(data, [start_v])
             lanes = cgutils.alloca_once_value(builder, accv)
             op = builder.fadd if which == "add" else builder.fmul
             nv = builder.udiv(n_v, ir.Constant(_I64, nl))
@@ -200,22 +211,15 @@ mul_run = _run("mul")
 
 def _last(which: str) -> Any:
     def typer(typingctx: Any, acc: Any, arr: Any, start: Any, tail: Any) -> Any:
-        if not (isinstance(acc, Lanes) and isinstance(arr, types.Array) and arr.ndim == 1
-                and arr.dtype == acc.dtype and isinstance(start, types.Integer)
-                and isinstance(tail, types.Integer)):
+        if not _is_run(acc, arr, start, tail):
             return None
         sig = acc(acc, arr, start, tail)
 
         def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-            accv, aryv, start_v, tail_v = args
-            aryty = signature.args[1]
-            start_v = context.cast(builder, start_v, signature.args[2], types.int64)
-            tail_v = context.cast(builder, tail_v, signature.args[3], types.int64)
-            ary = context.make_array(aryty)(context, builder, aryv)
+            accv, data, start_v, tail_v, fty = _run_operands(context, builder, signature, args)
             nl = signature.args[0].count
-            fty = context.get_value_type(aryty.dtype)
             vty = ir.VectorType(fty, nl)
-            p = builder.bitcast(builder.gep(ary.data, [start_v]), vty.as_pointer())
+            p = builder.bitcast(builder.gep(data, [start_v]), vty.as_pointer())
             # One whole-vector load, the same width as the stores that wrote the window, so
             # the store buffer forwards it (a narrower or shifted load waits for them).
             win = builder.load(p, align=context.get_abi_sizeof(fty))
