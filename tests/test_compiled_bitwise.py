@@ -454,7 +454,7 @@ def test_row_tails_through_the_window_follow_the_lane_order(
     assert any("ln.add_last" in k.source for k in square_sum.kernels(x)) == (n > 1)
     np.testing.assert_array_equal(square_sum(x).numpy(),
                                   np.array([lane_sum(r) for r in v * v]))
-    # A producer that calls a function (the window from a tail of L / 2 only): the
+    # A producer that calls a function (the window only above a tail of L / 2): the
     # elements are the eager exp kernel's values.
     e = x.exp().numpy()
     np.testing.assert_array_equal(F.compile(lambda a: a.exp().sum("c"))(x).numpy(),

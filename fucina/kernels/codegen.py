@@ -549,38 +549,35 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
         window = 0
         if nr == 1 and not looped and (scratch and not last_phase or after and not scratch):
             window = _tail_window(steps, scratch or list(after))
-        wroots = [steps[k].arg for k in scratch or list(after)]
-        n_last = f"n{nk + nr - 1}"
-
-        # A costly producer (a function call: exp, log, ...) recomputes up to L - tail
-        # elements in the window: worth it above a tail of L/2 (log_softmax's exp on Zen 4:
-        # tail 1 cost 1.2x the masked tail, 16 1.0-1.08x, 18 0.88x, 31 0.64-0.66x); plain
-        # arithmetic from a tail of 1.
-        least = window // 2 + 1 if any(_calls(steps[f])
-                                       for f in _closure(steps, wroots, "full")) else 1
-        nm_lines = [(0, f"nm = {n_last} - {n_last} % {window} if {n_last} >= {window} and "
-                        f"{n_last} % {window} >= {least} else {n_last}")]
-        if window and scratch and not spec.user_fns:
-            # A row shorter than L: the window reaches back before the row where every
-            # input it loads still holds those elements (the row before, in most layouts).
-            # Their values land in the lanes the tail mask leaves alone; only plain math
-            # runs on them (no user function, whose code might raise on them).
-            inside = []
-            for f in _closure(steps, wroots, "full"):
-                if steps[f].kind == "load":
-                    name, op = names_in[steps[f].arg], spec.inputs[steps[f].arg]
-                    lo = _index_expr(name, op.pattern, raxes, [f"({n_last} - {window})"],
-                                     f"b_{name}")
-                    inside.append(f"0 <= {lo} < {name}.shape[0]")
-            nm_lines += [(0, f"if {n_last} < {window} and {n_last} >= {least}"
-                             f"{''.join(' and ' + c for c in inside)}:"), (1, "nm = 0")]
+        if window:
+            wreds = scratch or list(after)
+            fill = _closure(steps, [steps[k].arg for k in wreds], "full")
+            n_last = f"n{nk}"
+            # A costly producer (a function call: exp, log, ...) recomputes up to L - tail
+            # elements in the window: worth it above a tail of L/2 (log_softmax's exp on
+            # Zen 4: tail 1 cost 1.2x the masked tail, 16 1.0-1.08x, 18 0.88x, 31
+            # 0.64-0.66x); plain arithmetic from a tail of 1.
+            least = window // 2 + 1 if any(_calls(steps[f]) for f in fill) else 1
+            w(depth, f"nm = {n_last} - {n_last} % {window} if {n_last} >= {window} and "
+                     f"{n_last} % {window} >= {least} else {n_last}")
+            if scratch and not spec.user_fns:
+                # A row shorter than L: the window reaches back before the row where every
+                # input it loads still holds those elements (the rows before, in most
+                # layouts). Their values land in the lanes the tail mask leaves alone; only
+                # plain math runs on them (no user function, whose code might raise).
+                inside = ""
+                for f in fill:
+                    if steps[f].kind == "load":
+                        name = names_in[steps[f].arg]
+                        lo = _index_expr(name, spec.inputs[steps[f].arg].pattern, raxes,
+                                         [f"({n_last} - {window})"], f"b_{name}")
+                        inside += f" and 0 <= {lo} < {name}.shape[0]"
+                w(depth, f"if {n_last} < {window} and {n_last} >= {least}{inside}:")
+                w(depth + 1, "nm = 0")
         if looped or scratch or last_phase:
             d = depth
             if scratch:
                 w(d, "p = 0")
-            elif window:
-                for dd, text in nm_lines:
-                    w(d + dd, text)
             for a in range(nr - 1 if scratch else nr):
                 w(d, f"for r{a} in range({'nm' if window else f'n{nk + a}'}):")
                 d += 1
@@ -590,11 +587,7 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
                 # at scratch position t % SCRATCH, so each run starts on lane 0.
                 a = nr - 1
                 w(d, "q = 0")
-                end = f"n{nk + a}"
-                if window:
-                    end = "nm"
-                    for dd, text in nm_lines:
-                        w(d + dd, text)
+                end = "nm" if window else f"n{nk + a}"
                 w(d, f"while q < {end}:")
                 w(d + 1, f"seg = min({SCRATCH} - p, {end} - q)")
                 w(d + 1, "for j in range(seg):")
@@ -630,26 +623,26 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
                      f"{'nm' if window else f'n{nk}'})")
         if window:
             # Scratch rows: p is a multiple of L below SCRATCH, so the window fits after
-            # it. The output's stores: the window rewrites some with the same values.
-            rows = scratch or list(after)[:1]
+            # it. The stored output's reductions share one row, and the window rewrites
+            # some of that output's elements with the same values.
+            row = {k: k if scratch else wreds[0] for k in wreds}
             at = "p" if scratch else "0"
             w(depth, f"if nm < {n_last}:")
             if not scratch:
-                w(depth + 1, f"s{rows[0]} = ln.scratch({_lane_names(steps[rows[0]])[0]})")
+                w(depth + 1, f"s{wreds[0]} = ln.scratch({_lane_names(steps[wreds[0]])[0]})")
             w(depth + 1, f"for j in range(ln.hidden({window})):")
-            w(depth + 2, f"r{nr - 1} = {n_last} - {window} + j")
-            for f in _closure(steps, wroots, "full"):
+            w(depth + 2, f"r0 = {n_last} - {window} + j")
+            for f in fill:
                 emit(depth + 2, f, inner=True)
-            for k in rows:
+            for k in sorted(set(row.values())):
                 w(depth + 2, f"s{k}[np.uint64({at} + j)] = v{steps[k].arg}")
             if after:
                 op, _, name = full_outs[0]
                 idx = _index_expr(name, op.pattern, raxes, rloops, f"b_{name}")
                 w(depth + 2, f"{name}[np.uint64({idx})] = v{stored}")
-            for k in scratch or list(after):
+            for k in wreds:
                 last = _lane_names(steps[k])[1].replace("_run", "_last")
-                w(depth + 1, f"l{k} = {last}(l{k}, s{rows[0] if after else k}, {at}, "
-                             f"{n_last} - nm)")
+                w(depth + 1, f"l{k} = {last}(l{k}, s{row[k]}, {at}, {n_last} - nm)")
         for k in reds:
             done.add(k)
             if lane_reduction(steps[k]) and nr > 0:

@@ -245,7 +245,7 @@ def _last(which: str) -> Any:
 #: ``add_last(lanes, arr, start, tail)``: add the last ``tail`` (1..L-1) elements of a
 #: reduction into lanes 0..tail-1, where ``arr[start:start + L]`` holds the reduction's
 #: last L elements (a window ending at its end, ``start`` aligned like the scratch row's
-#: groups). A kernel fills that window with a loop of constant trip count L, which LLVM
+#: groups). A kernel fills that window with a loop over ``range(hidden(L))``, which LLVM
 #: stores as whole vectors; adding the tail from there costs no store-forwarding stall,
 #: where the masked load of :data:`add_run` over a scalar remainder's stores waits for
 #: them to reach the cache (about 10 ns per row on Zen 4). Same lanes, same bits.

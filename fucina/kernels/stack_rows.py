@@ -53,7 +53,7 @@ def emit_row(context: Any, builder: ir.IRBuilder, arrty: Any, n: int, name: str)
     buf = cgutils.alloca_once(builder, dty, size=n, name=name)
     # On a cache line: a vector store and the load reading it back share one line, so
     # the store buffer forwards the value (Zen 4 measured: a row of 64 float32 through
-    # a scratch row at 8 bytes past a line took 17.7 ns; on a line, 4.7).
+    # a scratch row at LLVM's default 4-byte alignment took 17.7 ns; on a line, 4.7).
     buf.align = ROW_ALIGN
     ary = context.make_array(arrty)(context, builder)
     itemsize = context.get_abi_sizeof(dty)

@@ -351,9 +351,9 @@ def _always_inline(impl):
             res = context.get_function(fnty, sig)(builder, args)
             for block in builder.function.blocks:
                 for instr in block.instructions:
-                    # (an inline asm callee has no name)
-                    callee = getattr(instr, "callee", None)
-                    if isinstance(instr, CallInstr) and getattr(callee, "name", None) == target:
+                    # (an inline asm callee, as lanes.hidden emits, has no name)
+                    if isinstance(instr, CallInstr) and \
+                            getattr(instr.callee, "name", None) == target:
                         instr.attributes.add("alwaysinline")
             return res
 
