@@ -166,8 +166,10 @@ import hashlib
 from functools import lru_cache
 
 import numpy as np
+from llvmlite import ir
 from llvmlite.ir import CallInstr
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .isa import vector_bits
@@ -442,11 +444,37 @@ def _exp_pn(x):
     return _exp_poly(r) + r + _ONE, _I(nf)
 
 
-@_inl
-def _ldexp(y, n):
-    """``y * 2**n`` for ``-252 <= n <= 254``: two exact-power steps, one final rounding."""
-    n1 = n >> 1
-    return y * _pow2(n1) * _pow2(n - n1)
+@intrinsic
+def _ldexp(typingctx, y, n):
+    """``y * 2**n`` (float32 ``y``, int32 ``-252 <= n <= 254``), one rounding.
+
+    With AVX-512F, ``llvm.ldexp``, which LLVM lowers to one ``vscalefps`` (exp on Zen 4,
+    one thread, in cache: 0.333 -> 0.255 ns/element). Elsewhere LLVM would call libm's
+    ``ldexpf`` per lane, so two multiplications by exact powers of two
+    ``2**(n >> 1)`` and ``2**(n - (n >> 1))``: the first is exact while ``|y|`` is near
+    1 (its product stays normal), so the second rounds once, as ``vscalefps`` does. The
+    two give the same bits (every 97th float32 through exp compared).
+    """
+    if y != types.float32 or n != types.int32:
+        return None
+    sig = types.float32(types.float32, types.int32)
+
+    def codegen(context, builder, signature, args):
+        yv, nv = args
+        if wide_vectors():
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.IntType(32)])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.ldexp.f32.i32")
+            return builder.call(fn, [yv, nv])
+        i32 = ir.IntType(32)
+
+        def pow2(k):  # 2**k as float32, for -126 <= k <= 127
+            bits = builder.shl(builder.add(k, ir.Constant(i32, 127)), ir.Constant(i32, 23))
+            return builder.bitcast(bits, ir.FloatType())
+
+        n1 = builder.ashr(nv, ir.Constant(i32, 1))
+        return builder.fmul(builder.fmul(yv, pow2(n1)), pow2(builder.sub(nv, n1)))
+
+    return sig, codegen
 
 
 @_inl
