@@ -453,7 +453,7 @@ def _ldexp(typingctx, y, n):
     ``ldexpf`` per lane, so two multiplications by exact powers of two
     ``2**(n >> 1)`` and ``2**(n - (n >> 1))``: the first is exact while ``|y|`` is near
     1 (its product stays normal), so the second rounds once, as ``vscalefps`` does. The
-    two give the same bits (every 97th float32 through exp compared).
+    two give the same bits (every 31st float32 through exp and erf compared, both paths).
     """
     if y != types.float32 or n != types.int32:
         return None
