@@ -84,8 +84,9 @@ monotone (checked on dense sweeps and runs of consecutive floats); ``sin``/
 Design notes
 ------------
 * ``exp``: ``n = rint(x / ln2)``, Cody-Waite ``r = x - n ln2`` with two FMAs,
-  Cephes degree-6 polynomial, ``2**n`` built from exponent bits in two halves
-  so that denormal results are rounded once and overflow gives inf.
+  Cephes degree-6 polynomial, then ``* 2**n`` rounded once (denormal results
+  included; overflow gives inf): one ``vscalefps`` with AVX-512F, else two powers
+  of two built from exponent bits, the same bits either way.
 * ``expm1``: same reduction, ``t (1 + u) - 1`` with ``u = expm1(r)`` by FMA.
 * ``log``: exponent/mantissa split by integer ops on the bit pattern
   (denormal inputs pre-scaled by 2**23), Cephes polynomial on
@@ -445,36 +446,40 @@ def _exp_pn(x):
 
 
 @intrinsic
-def _ldexp(typingctx, y, n):
-    """``y * 2**n`` (float32 ``y``, int32 ``-252 <= n <= 254``), one rounding.
-
-    With AVX-512F, ``llvm.ldexp``, which LLVM lowers to one ``vscalefps`` (exp on Zen 4,
-    one thread, in cache: 0.333 -> 0.255 ns/element). Elsewhere LLVM would call libm's
-    ``ldexpf`` per lane, so two multiplications by exact powers of two
-    ``2**(n >> 1)`` and ``2**(n - (n >> 1))``: the first is exact while ``|y|`` is near
-    1 (its product stays normal), so the second rounds once, as ``vscalefps`` does. The
-    two give the same bits (every 31st float32 through exp and erf compared, both paths).
-    """
+def _scalef(typingctx, y, n):
+    """``llvm.ldexp(y, n)`` on float32 ``y`` and int32 ``n``: one ``vscalefps`` with
+    AVX-512F. Only :func:`_ldexp` calls it, and only there: without AVX-512F, LLVM lowers
+    a vector ``llvm.ldexp`` to a call of libm's ``ldexpf`` per lane."""
     if y != types.float32 or n != types.int32:
         return None
     sig = types.float32(types.float32, types.int32)
 
     def codegen(context, builder, signature, args):
-        yv, nv = args
-        if wide_vectors():
-            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.IntType(32)])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.ldexp.f32.i32")
-            return builder.call(fn, [yv, nv])
-        i32 = ir.IntType(32)
-
-        def pow2(k):  # 2**k as float32, for -126 <= k <= 127
-            bits = builder.shl(builder.add(k, ir.Constant(i32, 127)), ir.Constant(i32, 23))
-            return builder.bitcast(bits, ir.FloatType())
-
-        n1 = builder.ashr(nv, ir.Constant(i32, 1))
-        return builder.fmul(builder.fmul(yv, pow2(n1)), pow2(builder.sub(nv, n1)))
+        fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.IntType(32)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.ldexp.f32.i32")
+        return builder.call(fn, args)
 
     return sig, codegen
+
+
+#: Whether :func:`_ldexp` scales with ``vscalefps`` (the compile target has AVX-512F).
+_SCALEF = wide_vectors()
+
+
+@_inl
+def _ldexp(y, n):
+    """``y * 2**n`` for ``-252 <= n <= 254``, one rounding.
+
+    With AVX-512F one ``vscalefps`` (exp on Zen 4, one thread, in cache: 0.333 -> 0.255
+    ns/element); elsewhere two multiplications by exact powers of two, the first exact
+    while ``|y|`` is near 1 (its product stays normal), so the second rounds once, as
+    ``vscalefps`` does. The two give the same bits (every 31st float32 through exp and
+    erf compared, both paths).
+    """
+    if _SCALEF:
+        return _scalef(y, n)
+    n1 = n >> 1
+    return y * _pow2(n1) * _pow2(n - n1)
 
 
 @_inl
