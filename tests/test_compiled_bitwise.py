@@ -285,6 +285,45 @@ def test_short_kept_rows_read_as_flat_rounds_follow_the_lane_order(
         np.testing.assert_array_equal(half.sum("b").numpy(), want)
 
 
+def test_rows_spread_counts_rows_per_l1_set() -> None:
+    from fucina.kernels.codegen import DIRECT_TREE_WAYS, rows_spread
+    assert DIRECT_TREE_WAYS == 8
+    assert rows_spread(800, 64)  # 12.5 lines apart: every set at most twice
+    assert not rows_spread(4096, 64)  # one set for all
+    assert not rows_spread(4096, 9) and rows_spread(4096, 8)
+    assert not rows_spread(17408, 64) and rows_spread(17408, 32)  # 16 sets: 4 or 2 per set
+
+
+@pytest.mark.parametrize("n", [32, 40, 64])
+def test_sums_of_one_or_two_steps_per_lane_follow_the_lane_order(
+        ctx: F.ExecContext, n: int) -> None:
+    # A sum over a middle axis of L to 2L steps (f32: 32 to 64, f64: 16 to 32) whose
+    # rows spread over the L1 sets runs each output's lanes and tree in registers
+    # (codegen.direct_tree); rows 4 or 8 KB apart keep the lane rows. Both give the
+    # lane order, with inf, NaN and signed zeros among the values.
+    from fucina.ir.program import PARALLEL_MIN
+    rng = np.random.default_rng(n)
+    for dt, tag, steps in ((np.float32, "f32", n), (np.float64, "f64", n // 2)):
+        for c, direct in ((200, True), (1024 if dt == np.float32 else 512, False)):
+            shape = (2, steps, c)
+            assert np.prod(shape) < PARALLEL_MIN
+            v = rng.standard_normal(shape).astype(dt)
+            v[0, :, 5] = -0.0  # all -0: the sum is +0
+            v[1, 3, 7], v[1, 4, 8], v[0, steps - 1, 11] = np.inf, np.nan, -np.inf
+            x = F.Tensor("a", "b", "c", dtype=tag).from_slice(ctx, shape, v)
+            want = _lane_sum_axis1(v)
+            f = F.compile(lambda a: a.sum("b"))
+            got = f(x).numpy()
+            assert ("dx0" in f.kernels(x)[0].source) == direct, (tag, c)
+            np.testing.assert_array_equal(got, want)
+            assert not np.signbit(got[0, 5])
+            np.testing.assert_array_equal(x.sum("b").numpy(), want)
+            np.testing.assert_array_equal(x.mean("b").numpy(), want / dt(steps))
+            fin = np.isfinite(want)
+            np.testing.assert_allclose(want[fin], v.astype(np.float64).sum(axis=1)[fin],
+                                       rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("n", [7, 100, 600])
 def test_middle_axis_reductions_follow_the_lane_order(ctx: F.ExecContext, n: int) -> None:
     # A sum over a middle axis is the swapped kernel, which adds each lane's steps in

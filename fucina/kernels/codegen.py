@@ -115,6 +115,9 @@ class KernelSpec:
     # (Carried by every kernel, that code slowed other shapes' loops: a sum over b of
     # [512, 33, 100], one thread, 235 -> 275 us.)
     short_rows: bool = False
+    # The plan saw a swapped sum of L to 2L reduced steps whose input rows spread over
+    # the L1 sets (see :func:`direct_tree`): the lanes' tree runs in registers.
+    direct_rows: bool = False
 
 
 class _Writer:
@@ -215,6 +218,49 @@ FLAT_ROW_MAX = 64
 #: on Zen 4 a sum over the leading axis of [64, 256, 256] f32 (rows of 2048) went
 #: 0.54 -> 0.74 ms in registers, while at rows of 512 the two forms ran alike.
 REGISTER_TREE_MAX = 512
+#: Most input rows that may share one L1 set (64 sets on every x86 target here) for the
+#: direct tree (see :func:`direct_tree`): beyond 8 ways the rows evict each other.
+DIRECT_TREE_WAYS = 8
+
+
+def direct_tree(spec: KernelSpec) -> tuple[int, int] | None:
+    """(reduce step, its load step) of a swapped sum that may run its lanes' tree in
+    registers straight from the input, else None.
+
+    Where each lane holds one or two reduced steps (L to 2L of them), the lane rows
+    are a copy of the input (or of two rows added), and the halving tree then runs as
+    L - 1 passes over them: with 64 rows, a sum over the leading axis of [64, 8415]
+    f32 spent as long in those passes as in reading the input. Reading the rows into
+    registers output by output gives the same bits in one pass (65 -> 35 us, one
+    thread, Zen 4), but only where the rows do not crowd one L1 set (a row stride of
+    16 KB made it 2x slower): the plan checks that (:func:`rows_spread`) and sets the
+    spec's ``direct_rows``. A kernel of its own, not a branch in the general one: the
+    two forms in one kernel took 2-3x the compile time.
+    """
+    if not swapped(spec) or spec.nr != 1 or spec.short_rows or stored_value(spec) is not None:
+        return None
+    reds = [k for k, st in enumerate(spec.steps) if st.kind == "reduce"]
+    if len(reds) != 1:
+        return None
+    red = spec.steps[reds[0]]
+    src = spec.steps[red.arg]
+    if red.fn not in ("sum", "mean") or not lane_reduction(red) or src.kind != "load" \
+            or src.level != "full" or src.dtype != red.dtype:
+        return None
+    pat = spec.inputs[src.arg].pattern
+    if pat[spec.nk] != STRIDED or pat[spec.nk - 1] != UNIT:
+        return None
+    return reds[0], red.arg
+
+
+def rows_spread(stride_bytes: int, rows: int) -> bool:
+    """Whether ``rows`` rows ``stride_bytes`` apart leave at most
+    :data:`DIRECT_TREE_WAYS` of them in any of the 64 L1 sets (by their first line)."""
+    per_set: dict[int, int] = {}
+    for r in range(rows):
+        s = ((r * stride_bytes) >> 6) & 63
+        per_set[s] = per_set.get(s, 0) + 1
+    return max(per_set.values(), default=0) <= DIRECT_TREE_WAYS
 
 
 def swap_block(spec: KernelSpec) -> int:
@@ -852,6 +898,36 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
         # step loop moved a lane row in and out of cache per input row (about 2x slower
         # for a sum over the middle axis of [64, 256, 256] f32, one thread or two).
         depth_ = depth
+        if spec.direct_rows:
+            # Lane l's one or two steps (l, l + L) and the halving tree, in registers
+            # (see direct_tree): the same additions in the same order as the lane rows'.
+            direct = direct_tree(spec)
+            assert direct is not None
+            k, ld = direct
+            name = names_in[steps[ld].arg]
+            pat = spec.inputs[steps[ld].arg].pattern
+            w(depth, f"if not {nl} <= n{nk} <= {2 * nl}:")  # the plan's premise
+            w(depth + 1, f'raise ValueError("direct lane tree: not {nl} to {2 * nl} steps")')
+            for lane in range(nl):  # lane l's second step, or (unused) its first
+                w(depth, f"dq{lane} = min({lane + nl}, n{nk} - 1)")
+            w(depth, "for j in range(kl):")
+            ctor = _CTOR[steps[k].dtype]
+            for lane in range(nl):
+                for v, row in ((f"dx{lane}", str(lane)), (f"dy{lane}", f"dq{lane}")):
+                    idx = _index_expr(name, pat, axes, [row, "j"], f"b_{name}")
+                    w(depth + 1, f"{v} = {ctor}({name}[np.uint64({idx})])")
+                w(depth + 1, f"dx{lane} = dx{lane} + dy{lane} if {lane + nl} < n{nk} "
+                             f"else dx{lane}")
+            names = [f"dx{lane}" for lane in range(nl)]
+            level = 0
+            while len(names) > 1:
+                h = len(names) // 2
+                for i in range(h):
+                    w(depth + 1, f"dh{level}_{i} = {names[i]} + {names[i + h]}")
+                names = [f"dh{level}_{i}" for i in range(h)]
+                level += 1
+            w(depth + 1, f"a{k}[j] = ln.start_add({names[0]})")
+            return
         flat = flat_loads(closure) if spec.short_rows else None
         if flat is not None:
             # Short kept rows read as flat rounds (by_flat_rounds) when the inputs are
@@ -958,7 +1034,7 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                         w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
                 if stored is not None and phase == nphases:
                     store_full(dj, loops)
-        for nl in counts:
+        for nl in ([] if spec.direct_rows else counts):  # direct: a<k>[j] holds the totals
             # Lanes here start from their first element, where the lanes' definition
             # starts them at +0: the two differ only in the sign of zero sums along the
             # way (x + -0 and x + +0 are x for any other x, and no sum of two values but
