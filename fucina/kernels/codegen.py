@@ -719,6 +719,20 @@ def _row_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: list
             w(d, f"{name}[np.uint64({idx})] = v{k}")
 
 
+def _halving_tree(w: _Writer, depth: int, names: list[str], prefix: str,
+                  sym: str = "+") -> str:
+    """The lanes' halving tree over the values ``names`` (lane i with lane i + h, h
+    halving), as ``<prefix><level>_<i>`` locals; returns the one holding the total."""
+    level = 0
+    while len(names) > 1:
+        h = len(names) // 2
+        for i in range(h):
+            w(depth, f"{prefix}{level}_{i} = {names[i]} {sym} {names[i + h]}")
+        names = [f"{prefix}{level}_{i}" for i in range(h)]
+        level += 1
+    return names[0]
+
+
 def _swap_rows(spec: KernelSpec, w: _Writer) -> None:
     """The kept rows ``a<k>`` of a swapped kernel, allocated once per call (per thread
     when parallel), before its loops: each block rewrites what it reads of them.
@@ -918,15 +932,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                     w(depth + 1, f"{v} = {ctor}({name}[np.uint64({idx})])")
                 w(depth + 1, f"dx{lane} = dx{lane} + dy{lane} if {lane + nl} < n{nk} "
                              f"else dx{lane}")
-            names = [f"dx{lane}" for lane in range(nl)]
-            level = 0
-            while len(names) > 1:
-                h = len(names) // 2
-                for i in range(h):
-                    w(depth + 1, f"dh{level}_{i} = {names[i]} + {names[i + h]}")
-                names = [f"dh{level}_{i}" for i in range(h)]
-                level += 1
-            w(depth + 1, f"a{k}[j] = ln.start_add({names[0]})")
+            total = _halving_tree(w, depth + 1, [f"dx{lane}" for lane in range(nl)], "dh")
+            w(depth + 1, f"a{k}[j] = ln.start_add({total})")
             return
         flat = flat_loads(closure) if spec.short_rows else None
         if flat is not None:
@@ -1053,14 +1060,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
             for k in ks:
                 sym = "*" if steps[k].fn == "prod" else "+"
                 names = [f"a{k}[np.uint64({r} * kl + j)]" for r in range(nl)]
-                level = 0
-                while len(names) > 1:
-                    h = len(names) // 2
-                    for i in range(h):
-                        w(depth + 2, f"h{k}_{level}_{i} = {names[i]} {sym} {names[i + h]}")
-                    names = [f"h{k}_{level}_{i}" for i in range(h)]
-                    level += 1
-                total = names[0] if steps[k].fn == "prod" else f"ln.start_add({names[0]})"
+                top = _halving_tree(w, depth + 2, names, f"h{k}_", sym)
+                total = top if steps[k].fn == "prod" else f"ln.start_add({top})"
                 w(depth + 2, f"a{k}[j] = {total}")
             w(depth, "else:")
             # Kernels of short rows (the plan's short_rows) combine each level in one
