@@ -23,7 +23,6 @@ from ..dtypes import DType
 from ..kernels import codegen as cg
 from ..kernels import user_fns
 from ..kernels.elementwise import BINARY, COMPARE, SCALAR, UNARY
-from ..kernels.lanes import LANES
 from ..runtime.raw import contiguous_strides
 from .graph import Node
 
@@ -466,11 +465,11 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
 
     int_args: list[int] = []
     operands: list[cg.Operand] = []
-    run_strides: list[list[int]] = []
+    reduced_strides: list[int] = []  # each operand's along the (first) reduced run
     for st, lv, off in table:
         runs = kruns if (lv == "kept" and g.raxes) else all_runs
         cst = [st[run[-1]] for run in runs]
-        run_strides.append(cst)
+        reduced_strides.append(cst[nk] if len(cst) > nk else 0)
         pattern = []
         for k, s in enumerate(cst):
             last = k == nk - 1 or k == nk + nr - 1
@@ -504,13 +503,8 @@ def build(g: Group, fuser: Fuser, needed_outside: set[int], parallel_min: int) -
                          row_form=row_form,
                          short_rows=(nk >= 1 and nr >= 1
                                      and loop_sizes[nk - 1] <= cg.FLAT_ROW_MAX))
-    direct = cg.direct_tree(spec)
-    if direct is not None:
-        red, load = spec.steps[direct[0]], spec.steps[direct[1]]
-        nl, steps_r = LANES[red.dtype], loop_sizes[nk]
-        row_bytes = run_strides[load.arg][nk] * np.dtype(load.dtype).itemsize
-        if nl <= steps_r <= 2 * nl and cg.rows_spread(row_bytes, steps_r):
-            spec = dataclasses.replace(spec, direct_rows=True)
+    if nr == 1 and cg.takes_direct_tree(spec, loop_sizes[nk], reduced_strides):
+        spec = dataclasses.replace(spec, direct_rows=True)
     return BuiltKernel(spec, [v for v, _ in inputs], outputs, int_args, params,
                        list(g.members), loop_sizes)
 

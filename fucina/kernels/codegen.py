@@ -253,6 +253,19 @@ def direct_tree(spec: KernelSpec) -> tuple[int, int] | None:
     return reds[0], red.arg
 
 
+def takes_direct_tree(spec: KernelSpec, steps: int, reduced_strides: list[int]) -> bool:
+    """Whether the plan should set ``direct_rows``: :func:`direct_tree` applies, the sum
+    has L to 2L ``steps``, and its input's rows (``reduced_strides``: each input's
+    stride along the reduced axis, in elements) spread over the L1 sets."""
+    direct = direct_tree(spec)
+    if direct is None:
+        return False
+    load = spec.steps[direct[1]]
+    nl = LANES[load.dtype]
+    row_bytes = reduced_strides[load.arg] * _ITEMSIZE[load.dtype]
+    return nl <= steps <= 2 * nl and rows_spread(row_bytes, steps)
+
+
 def rows_spread(stride_bytes: int, rows: int) -> bool:
     """Whether ``rows`` rows ``stride_bytes`` apart leave at most
     :data:`DIRECT_TREE_WAYS` of them in any of the 64 L1 sets (by their first line)."""
@@ -263,12 +276,14 @@ def rows_spread(stride_bytes: int, rows: int) -> bool:
     return max(per_set.values(), default=0) <= DIRECT_TREE_WAYS
 
 
+_ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "int16": 2, "uint16": 2}
+
+
 def swap_block(spec: KernelSpec) -> int:
     """Outputs per block of a swapped kernel: its kept rows share :data:`SWAP_BYTES`."""
-    size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "int16": 2, "uint16": 2}
     # A lane reduction's other lane rows are not counted: each reduced step streams into
     # one of them (its L rows sit in L2; the longer blocks keep the prefetchers going).
-    row = sum(size.get(st.dtype, 1) for st in spec.steps if st.level == "kept")
+    row = sum(_ITEMSIZE.get(st.dtype, 1) for st in spec.steps if st.level == "kept")
     blk = SWAP_MAX
     while blk > SWAP_MIN and blk * row > SWAP_BYTES:
         blk //= 2
@@ -753,8 +768,8 @@ def _swap_rows(spec: KernelSpec, w: _Writer) -> None:
     if lane_counts:
         w(1, f"klmax = min({blk}, n{last})")
     for k in kept:
-        rows = f"max(m_{LANES[steps[k].dtype]}, 1) * klmax" if lane_reduction(steps[k]) \
-            else blk
+        lanes = lane_reduction(steps[k]) and not spec.direct_rows  # (direct: the totals)
+        rows = f"max(m_{LANES[steps[k].dtype]}, 1) * klmax" if lanes else blk
         w(1, f"a{k} = np.empty({rows}, {_CTOR[steps[k].dtype]})")
 
 
@@ -1041,7 +1056,8 @@ def _swapped_body(spec: KernelSpec, w: _Writer, names_in: list[str], names_out: 
                         w(dj, _reduce_update(steps[k].fn, f"a{k}[j]", val, steps[k].dtype))
                 if stored is not None and phase == nphases:
                     store_full(dj, loops)
-        for nl in ([] if spec.direct_rows else counts):  # direct: a<k>[j] holds the totals
+        # (A direct kernel's pass left each total in a<k>[j]: no lane rows, no tree.)
+        for nl in [] if spec.direct_rows else counts:
             # Lanes here start from their first element, where the lanes' definition
             # starts them at +0: the two differ only in the sign of zero sums along the
             # way (x + -0 and x + +0 are x for any other x, and no sum of two values but
