@@ -16,8 +16,10 @@ helpers spinning, and reports each row's loaded/quiet ratio (recorded as
 kernels, torch and OpenBLAS (the AVX2 path on an AVX-512 machine; recorded as
 ``isa_level``, and the header's ``kernels`` line gives the compile target's vector
 width). Times are the minimum over repeats of the mean over a batch
-of calls; the machine may be shared and noisy, so compare ratios from one run
-rather than absolute times across runs.
+of calls. Most rows take their repeats in alternation, one batch of each
+implementation in turn (:func:`side_by_side`), so a slow spell of a shared host
+falls on every side of a ratio; still, compare ratios from one run rather than
+absolute times across runs.
 """
 
 from __future__ import annotations
@@ -122,15 +124,50 @@ def best_time(fn: Callable[[], Any], min_time: float = 0.2, repeats: int = 5) ->
     Under ``--paired-load`` (:data:`LOAD` set) each quiet repeat is followed by one
     with the helper processes spinning, attached as the Timing's ``busy``.
     """
+    return paired_samples(_sampler(fn, min_time / repeats), repeats)
+
+
+def _sampler(fn: Callable[[], Any], batch_time: float) -> Callable[[], float]:
+    """A function that times one batch of calls of ``fn`` (seconds per call), the batch
+    grown until it takes ``batch_time`` (up to 2**20 calls); ``fn`` runs once first."""
     fn()
     t = timeit.Timer(fn)
     n, elapsed = 1, 0.0
     while True:
         elapsed = t.timeit(n)
-        if elapsed >= min_time / repeats or n >= 1 << 20:
+        if elapsed >= batch_time or n >= 1 << 20:
             break
-        n *= 2 if elapsed == 0 else max(2, int(min_time / repeats / max(elapsed, 1e-9)))
-    return paired_samples(lambda: t.timeit(n) / n, repeats)
+        n *= 2 if elapsed == 0 else max(2, int(batch_time / max(elapsed, 1e-9)))
+    return lambda: t.timeit(n) / n
+
+
+def side_by_side(case: Case, min_time: float = 0.2, repeats: int = 5,
+                 **impls: Callable[[], Any] | None) -> dict[str, Timing]:
+    """Time ``case``'s implementations (keywords from :data:`IMPLS`; None skips one) in
+    alternation and set each as :func:`best_time` would: every repeat takes one batch of
+    each in turn, so a slow spell of a shared host (the same kernel moved 2x between
+    seconds on these machines) falls on every side of a ratio, not on whichever ran
+    then. Under ``--paired-load`` each quiet batch is followed by a loaded one. Returns
+    the Timings set, by implementation."""
+    unknown = sorted(set(impls) - set(IMPLS))
+    if unknown:
+        raise ValueError(f"side_by_side: unknown implementation(s) {unknown}; "
+                         f"expected some of {list(IMPLS)}")
+    samplers = {k: _sampler(fn, min_time / repeats) for k, fn in impls.items()
+                if fn is not None}
+    quiet: dict[str, list[float]] = {k: [] for k in samplers}
+    busy: dict[str, list[float]] = {k: [] for k in samplers}
+    load = LOAD[0]
+    for _ in range(repeats):
+        for k, sample in samplers.items():
+            quiet[k].append(sample())
+            if load is not None:
+                with load.running():
+                    busy[k].append(sample())
+    got = {k: Timing(quiet[k], Timing(busy[k]) if busy[k] else None) for k in samplers}
+    for k, t in got.items():
+        setattr(case, k, t)
+    return got
 
 
 def paired_samples(sample: Callable[[], float], repeats: int) -> Timing:
@@ -163,16 +200,19 @@ def _chain_case(n: int, quick: bool) -> Case:
     fast = F.compile(chain)
     c = Case(f"sigmoid(tanh(x*w+1)*x) [{n}] f32")
     mt = 0.05 if quick else 0.3
-    c.eager = best_time(lambda: chain(x, w), mt)
-    c.compiled = best_time(lambda: fast(x, w), mt)
 
     def np_chain() -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-(np.tanh(x0 * w0 + np.float32(1.0)) * x0)))
 
-    c.numpy = best_time(np_chain, mt)
+    torch_chain = None
     if torch is not None:
         tx, tw = torch.from_numpy(x0), torch.from_numpy(w0)
-        c.torch = best_time(lambda: torch.sigmoid(torch.tanh(tx * tw + 1) * tx), mt)
+
+        def torch_chain() -> Any:
+            return torch.sigmoid(torch.tanh(tx * tw + 1) * tx)
+
+    side_by_side(c, mt, eager=lambda: chain(x, w), compiled=lambda: fast(x, w),
+                 numpy=np_chain, torch=torch_chain)
     c.notes["kernels"] = len(fast.kernels(x, w))
     err = float(np.max(np.abs(fast(x, w).numpy() - np_chain())))
     c.notes["max_abs_err_vs_numpy"] = err
@@ -190,10 +230,9 @@ def _five_op_case(quick: bool) -> Case:
     fast = F.compile(five)
     c = Case("5-op chain with broadcast [512,512]")
     mt = 0.05 if quick else 0.2
-    c.eager = best_time(lambda: five(x, b), mt)
-    c.compiled = best_time(lambda: fast(x, b), mt)
     x0, b0 = x.numpy(), b.numpy()
-    c.numpy = best_time(lambda: (np.maximum((x0 + b0) * np.float32(0.5), x0) - b0) * x0, mt)
+    side_by_side(c, mt, eager=lambda: five(x, b), compiled=lambda: fast(x, b),
+                 numpy=lambda: (np.maximum((x0 + b0) * np.float32(0.5), x0) - b0) * x0)
     c.notes["kernels"] = len(fast.kernels(x, b))
     return c
 
@@ -208,18 +247,15 @@ def _softmax_case(rows: int, cols: int, quick: bool) -> Case:
     fast = F.compile(softmax)
     c = Case(f"row softmax [{rows},{cols}] f32")
     mt = 0.05 if quick else 0.3
-    c.eager = best_time(lambda: softmax(x), mt)
-    c.compiled = best_time(lambda: fast(x), mt)
     x0 = x.numpy()
 
     def np_softmax() -> np.ndarray:
         e = np.exp(x0 - x0.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
-    c.numpy = best_time(np_softmax, mt)
-    if torch is not None:
-        tx = torch.from_numpy(x0)
-        c.torch = best_time(lambda: torch.softmax(tx, dim=1), mt)
+    tx = torch.from_numpy(x0) if torch is not None else None
+    side_by_side(c, mt, eager=lambda: softmax(x), compiled=lambda: fast(x), numpy=np_softmax,
+                 torch=(lambda: torch.softmax(tx, dim=1)) if tx is not None else None)
     c.notes["kernels"] = len(fast.kernels(x))
     c.notes["max_abs_err_vs_numpy"] = float(np.max(np.abs(fast(x).numpy() - np_softmax())))
     return c
@@ -232,13 +268,11 @@ def _gemm_trans_b_case(n: int, quick: bool) -> Case:
     fast = F.compile(lambda a, w: a.dot(w, "k"))
     c = Case(f"dot [{n},{n}] x weight[n,k] (trans-B)")
     mt = 0.1 if quick else 0.5
-    c.eager = best_time(lambda: a.dot(w, "k"), mt)
-    c.compiled = best_time(lambda: fast(a, w), mt)
     a0, w0 = a.numpy(), w.numpy()
-    c.numpy = best_time(lambda: a0 @ w0.T, mt)
-    if torch is not None:
-        ta, tw = torch.from_numpy(a0), torch.from_numpy(w0)
-        c.torch = best_time(lambda: ta @ tw.T, mt)
+    tt = (torch.from_numpy(a0), torch.from_numpy(w0)) if torch is not None else None
+    side_by_side(c, mt, eager=lambda: a.dot(w, "k"), compiled=lambda: fast(a, w),
+                 numpy=lambda: a0 @ w0.T,
+                 torch=(lambda: tt[0] @ tt[1].T) if tt is not None else None)
     c.notes["gemm"] = fast.ir(a, w).split("(gemm ")[1].split(")")[0]
     return c
 
@@ -251,14 +285,12 @@ def _attention_case(quick: bool) -> Case:
     fast = F.compile(lambda q, k: q.dot(k, "d"))
     c = Case(f"attention scores [{b},{h},{s},{d}] . k over d")
     mt = 0.1 if quick else 0.5
-    c.eager = best_time(lambda: q.dot(k, "d"), mt)
-    c.compiled = best_time(lambda: fast(q, k), mt)
     q0 = q.numpy()
     kt = np.ascontiguousarray(np.swapaxes(k.numpy(), 2, 3))  # numpy gets it pre-transposed
-    c.numpy = best_time(lambda: np.matmul(q0, kt), mt)
-    if torch is not None:
-        tq, tk = torch.from_numpy(q0), torch.from_numpy(kt)
-        c.torch = best_time(lambda: torch.matmul(tq, tk), mt)
+    tt = (torch.from_numpy(q0), torch.from_numpy(kt)) if torch is not None else None
+    side_by_side(c, mt, eager=lambda: q.dot(k, "d"), compiled=lambda: fast(q, k),
+                 numpy=lambda: np.matmul(q0, kt),
+                 torch=(lambda: torch.matmul(*tt)) if tt is not None else None)
     c.notes["gemm"] = fast.ir(q, k).split("(gemm ")[1].split(")")[0]
     return c
 
@@ -276,8 +308,6 @@ def _linear_gelu_case(quick: bool) -> Case:
     fast = F.compile(linear)
     c = Case(f"linear+bias+gelu [{rows},{din}]x[{dout},{din}]")
     mt = 0.1 if quick else 0.5
-    c.eager = best_time(lambda: linear(x, w, bias), mt)
-    c.compiled = best_time(lambda: fast(x, w, bias), mt)
     x0, w0, b0 = x.numpy(), w.numpy(), bias.numpy()
     k0, k1 = np.float32(0.7978845608028654), np.float32(0.044715)
 
@@ -285,11 +315,15 @@ def _linear_gelu_case(quick: bool) -> Case:
         y = x0 @ w0.T + b0
         return np.float32(0.5) * y * (np.float32(1) + np.tanh(k0 * (y + k1 * y * y * y)))
 
-    c.numpy = best_time(np_linear, mt)
+    torch_linear = None
     if torch is not None:
         tx, tw, tb = torch.from_numpy(x0), torch.from_numpy(w0), torch.from_numpy(b0)
-        c.torch = best_time(
-            lambda: torch.nn.functional.gelu(torch.addmm(tb, tx, tw.T), approximate="tanh"), mt)
+
+        def torch_linear() -> Any:
+            return torch.nn.functional.gelu(torch.addmm(tb, tx, tw.T), approximate="tanh")
+
+    side_by_side(c, mt, eager=lambda: linear(x, w, bias), compiled=lambda: fast(x, w, bias),
+                 numpy=np_linear, torch=torch_linear)
     c.notes["kernels"] = len(fast.kernels(x, w, bias))
     # Relative to the largest output: fucina's own GEMM (AVX-512 hosts) sums in another
     # order than OpenBLAS, both within a few float32 ulps of the largest partial sum.
@@ -311,8 +345,6 @@ def _norm_case(kind: str, rows: int, cols: int, quick: bool) -> Case:
     fast = F.compile(norm)
     c = Case(f"{kind} [{rows},{cols}] f32")
     mt = 0.05 if quick else 0.3
-    c.eager = best_time(lambda: norm(x), mt)
-    c.compiled = best_time(lambda: fast(x), mt)
     x0 = x.numpy()
 
     def np_norm() -> np.ndarray:
@@ -321,12 +353,17 @@ def _norm_case(kind: str, rows: int, cols: int, quick: bool) -> Case:
             return d / np.sqrt((d * d).mean(axis=1, keepdims=True) + np.float32(eps))
         return x0 / np.sqrt((x0 * x0).mean(axis=1, keepdims=True) + np.float32(eps))
 
-    c.numpy = best_time(np_norm, mt)
+    torch_norm = None
     if torch is not None:
         tx = torch.from_numpy(x0)
         tnorm = torch.nn.functional.layer_norm if kind == "layer_norm" else \
             torch.nn.functional.rms_norm
-        c.torch = best_time(lambda: tnorm(tx, (cols,), eps=eps), mt)
+
+        def torch_norm() -> Any:
+            return tnorm(tx, (cols,), eps=eps)
+
+    side_by_side(c, mt, eager=lambda: norm(x), compiled=lambda: fast(x), numpy=np_norm,
+                 torch=torch_norm)
     c.notes["kernels"] = len(fast.kernels(x))
     c.notes["max_abs_err_vs_numpy"] = float(np.max(np.abs(fast(x).numpy() - np_norm())))
     return c
@@ -416,12 +453,10 @@ def _tiny_case(quick: bool) -> Case:
     b = F.Tensor("d").from_slice(ctx, (8,), np.arange(8))
     c = Case("tiny eager add [8]")
     mt = 0.05 if quick else 0.3
-    c.eager = best_time(lambda: a.add(b), mt)
     a0, b0 = a.numpy(), b.numpy()
-    c.numpy = best_time(lambda: np.add(a0, b0), mt)
-    if torch is not None:
-        ta, tb = torch.from_numpy(a0), torch.from_numpy(b0)
-        c.torch = best_time(lambda: torch.add(ta, tb), mt)
+    tt = (torch.from_numpy(a0), torch.from_numpy(b0)) if torch is not None else None
+    side_by_side(c, mt, eager=lambda: a.add(b), numpy=lambda: np.add(a0, b0),
+                 torch=(lambda: torch.add(*tt)) if tt is not None else None)
     return c
 
 
@@ -495,9 +530,9 @@ def _rope_case(quick: bool) -> Case:
     fast = F.compile(rope)
     c = Case(f"rope half [{b},{s},{h},{d}] (table)")
     mt = 0.05 if quick else 0.3
-    c.eager = best_time(lambda: rope(x), mt)
-    c.compiled = best_time(lambda: fast(x), mt)
-    if torch is not None:
+    if torch is None:
+        side_by_side(c, mt, eager=lambda: rope(x), compiled=lambda: fast(x))
+    else:
         tx = torch.from_numpy(x.numpy())
         cos = torch.from_numpy(np.concatenate([table.cos, table.cos], -1))[None, :, None, :]
         sin = torch.from_numpy(np.concatenate([table.sin, table.sin], -1))[None, :, None, :]
@@ -506,7 +541,7 @@ def _rope_case(quick: bool) -> Case:
             x1, x2 = tx[..., :d // 2], tx[..., d // 2:]
             return tx * cos + torch.cat((-x2, x1), dim=-1) * sin
 
-        c.torch = best_time(torch_rope, mt)
+        side_by_side(c, mt, eager=lambda: rope(x), compiled=lambda: fast(x), torch=torch_rope)
         c.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(x).numpy()
                                                               - torch_rope().numpy())))
     c.notes["kernels"] = len(fast.kernels(x))
@@ -663,7 +698,7 @@ def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_
     x, y = X.from_slice(ctx, x0.shape, x0), Y.from_slice(ctx, y0.shape, y0)
     c = Case(name)
     mt = 0.1 if quick else 1.0
-
+    steps: dict[str, Callable[[], Any]] = {}
     for mode in ("eager", "compiled"):
         params = _fucina_mlp(ctx, sizes, act, 1)
         opt = getattr(F.optim, opt_name)(params, lr=lr)
@@ -679,13 +714,14 @@ def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_
         def call(run: Callable[..., Any] = run) -> Any:
             return run(x, y)
 
-        setattr(c, mode, best_time(call, mt, repeats=3 if quick else 5))
+        steps[mode] = call
         if mode == "compiled":
             c.notes["kernels"] = len(fast.kernels(x, y))
             text = fast.ir(x, y)
             c.notes["in_place_writes"] = text.count("stored in place by its kernel")
             c.notes["copied_writes"] = text.count("copied after the last step")
     if torch is None:
+        side_by_side(c, mt, 3 if quick else 5, **steps)
         return c
     tx, tl = torch.from_numpy(x0), torch.from_numpy(labels)
     layers: list[Any] = []
@@ -705,7 +741,7 @@ def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_
             return loss
         return step
 
-    c.torch = best_time(torch_step(model), mt, repeats=3 if quick else 5)
+    side_by_side(c, mt, 3 if quick else 5, torch=torch_step(model), **steps)
     if torch_compile:
         try:
             t0 = time.perf_counter()
@@ -801,15 +837,14 @@ def _qmatmul_case(fmt: str, m: int, n: int, k: int, quick: bool) -> Case:
     kind = "GEMV" if m == 1 else "GEMM"
     c = Case(f"{kind} [{m}x{k}]x[{n}x{k}] {fmt}")
     mt = 0.05 if quick else 0.3
-    c.eager = best_time(lambda: x.dot(wq, "in"), mt)
-    c.compiled = best_time(lambda: fast(x), mt)
-    c.numpy = best_time(lambda: x0 @ wd.T, mt)
+    t = side_by_side(c, mt, eager=lambda: x.dot(wq, "in"), compiled=lambda: fast(x),
+                     numpy=lambda: x0 @ wd.T)
     qbytes = wq.as_raw_tensor().array().nbytes
     c.notes["weight_MB"] = qbytes / 1e6
     c.notes["f32_MB"] = wd.nbytes / 1e6
-    c.notes["GBps"] = qbytes / c.compiled / 1e9
-    c.notes["numpy_GBps"] = wd.nbytes / c.numpy / 1e9
-    c.notes["at_numpy_GBps_ms"] = qbytes / (wd.nbytes / c.numpy) * 1e3
+    c.notes["GBps"] = qbytes / t["compiled"] / 1e9
+    c.notes["numpy_GBps"] = wd.nbytes / t["numpy"] / 1e9
+    c.notes["at_numpy_GBps_ms"] = qbytes / (wd.nbytes / t["numpy"]) * 1e3
     ref = x0.astype(np.float64) @ wd.T.astype(np.float64)
     c.notes["max_rel_err"] = float(np.abs(fast(x).numpy() - ref).max() / np.abs(ref).max())
     return c

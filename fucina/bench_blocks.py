@@ -20,7 +20,7 @@ import numpy as np
 
 import fucina as F
 
-from .bench import Case, _new_process_cold_warm, best_time
+from .bench import Case, _new_process_cold_warm, best_time, side_by_side
 
 try:
     import torch
@@ -51,12 +51,10 @@ def _gemm_case(name: str, fn: Callable[..., Any], args: tuple[Any, ...], spec: s
                mt: float) -> Case:
     fast = F.compile(fn)
     c = Case(name)
-    c.eager = best_time(lambda: fn(*args), mt)
-    c.compiled = best_time(lambda: fast(*args), mt)
-    c.numpy = best_time(lambda: np.einsum(spec, *np_args, optimize=True), mt)
-    if torch is not None:
-        targs = tuple(torch.from_numpy(a) for a in np_args)
-        c.torch = best_time(lambda: torch_fn(*targs), mt)
+    targs = tuple(torch.from_numpy(a) for a in np_args) if torch is not None else ()
+    side_by_side(c, mt, eager=lambda: fn(*args), compiled=lambda: fast(*args),
+                 numpy=lambda: np.einsum(spec, *np_args, optimize=True),
+                 torch=(lambda: torch_fn(*targs)) if torch is not None else None)
     c.notes["gemm"] = fast.ir(*args).split("(gemm ")[1].split(")")[0]
     want = np.einsum(spec, *(a.astype(np.float64) for a in np_args), optimize=True)
     c.notes["max_rel_err"] = float(np.abs(fast(*args).numpy() - want).max()
@@ -162,15 +160,21 @@ def _block_case(quick: bool, cold_warm: bool, torch_compile: bool) -> Case:
     fast = F.compile(forward)
     c = Case(f"transformer block forward [{b}x{s}, d {d}, {heads} heads, ffn {ff}]")
     mt = 0.1 if quick else 0.5
-    c.eager = best_time(lambda: forward(x), mt)
-    c.compiled = best_time(lambda: fast(x), mt)
     c.notes["kernels"] = len(fast.kernels(x))
-    if torch is not None:
+    if torch is None:
+        side_by_side(c, mt, eager=lambda: forward(x), compiled=lambda: fast(x))
+    else:
         layer = _torch_block(w, d, heads, ff)
         tx = torch.from_numpy(x.numpy())
+
+        def torch_forward() -> Any:
+            with torch.no_grad():
+                return layer(tx)
+
+        side_by_side(c, mt, eager=lambda: forward(x), compiled=lambda: fast(x),
+                     torch=torch_forward)
         with torch.no_grad():
             want = layer(tx).numpy()
-            c.torch = best_time(lambda: layer(tx), mt)
             if torch_compile:
                 try:
                     t0 = time.perf_counter()

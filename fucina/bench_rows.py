@@ -14,7 +14,7 @@ import numpy as np
 
 import fucina as F
 
-from .bench import Case, _norm_case, best_time, torch
+from .bench import Case, _norm_case, side_by_side, torch
 
 #: Tags of the 3-D reduction input, outermost first.
 _AXES = ("a", "b", "c")
@@ -32,16 +32,12 @@ def _reduce_case(fn: str, axis: int, shape: tuple[int, int, int], quick: bool) -
     fast = F.compile(prog)
     c = Case(f"{fn} over {tag} (axis {axis}) of {list(shape)} f32")
     mt = 0.05 if quick else 0.3
-    c.eager = best_time(lambda: prog(x), mt)
-    c.compiled = best_time(lambda: fast(x), mt)
     x0 = x.numpy()
-    c.numpy = best_time(lambda: getattr(x0, fn)(axis=axis), mt)
-    if torch is not None:
-        tx = torch.from_numpy(x0)
-        if fn == "max":
-            c.torch = best_time(lambda: torch.amax(tx, dim=axis), mt)
-        else:
-            c.torch = best_time(lambda: getattr(torch, fn)(tx, dim=axis), mt)
+    tx = torch.from_numpy(x0) if torch is not None else None
+    tfn = None if torch is None else torch.amax if fn == "max" else getattr(torch, fn)
+    side_by_side(c, mt, eager=lambda: prog(x), compiled=lambda: fast(x),
+                 numpy=lambda: getattr(x0, fn)(axis=axis),
+                 torch=(lambda: tfn(tx, dim=axis)) if tfn is not None else None)
     ref = getattr(x0.astype(np.float64), fn)(axis=axis)
     c.notes["max_abs_err_vs_f64"] = float(np.max(np.abs(fast(x).numpy() - ref)))
     return c

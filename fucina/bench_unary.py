@@ -19,7 +19,7 @@ from numba import njit, prange
 
 import fucina as F
 
-from .bench import Case, best_time, torch
+from .bench import Case, side_by_side, torch
 from .kernels import vecmath as vm
 
 __all__ = ["proxy_case", "unary_cases"]
@@ -85,19 +85,20 @@ def _unary_case(name: str, base: np.ndarray, mt: float) -> Case:
             return getattr(t, method)()
 
         fast = F.compile(op)
-        c.eager = best_time(lambda: op(x), mt)
-        c.compiled = best_time(lambda: fast(x), mt)
-        got = fast(x).numpy()
+        eager: Callable[[], Any] | None = lambda: op(x)  # noqa: E731
+        compiled: Callable[[], Any] = lambda: fast(x)  # noqa: E731
     else:  # erf: the parallel vecmath loop a kernel would run
-        c.compiled = best_time(lambda: _par_erf(x0), mt)
-        got = _par_erf(x0)
-    if np_fn is not None:
-        with np.errstate(all="ignore"):
-            c.numpy = best_time(lambda: np_fn(x0), mt)
-    if torch is not None:
-        tx = torch.from_numpy(x0)
-        tf = _torch_fn(torch_name)
-        c.torch = best_time(lambda: tf(tx), mt)
+        eager, compiled = None, lambda: _par_erf(x0)
+    got = compiled()
+    if isinstance(got, F.Tensor):
+        got = got.numpy()
+    tx = torch.from_numpy(x0) if torch is not None else None
+    tf = _torch_fn(torch_name) if torch is not None else None
+    with np.errstate(all="ignore"):
+        side_by_side(c, mt, eager=eager, compiled=compiled,
+                     numpy=(lambda: np_fn(x0)) if np_fn is not None else None,
+                     torch=(lambda: tf(tx)) if tf is not None else None)
+    if tf is not None and tx is not None:
         want = tf(tx.double()).numpy()
         c.notes["max_rel_err_vs_torch"] = float(np.max(np.abs(got - want)
                                                        / np.maximum(1.0, np.abs(want))))
@@ -112,11 +113,10 @@ def proxy_case(chain: Case, quick: bool) -> Case:
     w0 = rng.standard_normal(n).astype(np.float32)
     c = Case(f"bandwidth proxy numba x*w+x [{n}] f32")
     mt = 0.05 if quick else 0.3
-    c.compiled = best_time(lambda: _proxy(x0, w0), mt)
-    if torch is not None:
-        tx, tw = torch.from_numpy(x0), torch.from_numpy(w0)
-        c.torch = best_time(lambda: tx * tw + tx, mt)
-    c.notes["GB/s"] = 3 * 4 * n / c.compiled / 1e9
+    tt = (torch.from_numpy(x0), torch.from_numpy(w0)) if torch is not None else None
+    t = side_by_side(c, mt, compiled=lambda: _proxy(x0, w0),
+                     torch=(lambda: tt[0] * tt[1] + tt[0]) if tt is not None else None)
+    c.notes["GB/s"] = 3 * 4 * n / t["compiled"] / 1e9
     if chain.compiled is not None:
-        c.notes["chain/proxy"] = float(chain.compiled) / float(c.compiled)
+        c.notes["chain/proxy"] = float(chain.compiled) / t["compiled"]
     return c

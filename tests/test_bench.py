@@ -346,3 +346,33 @@ def test_compare_of_two_paired_runs_lines_up_their_load_ratios(capsys, tmp_path)
     pa, pb = bench.save(a, tmp_path / "a.json"), bench.save(b, tmp_path / "b.json")
     assert bench.main(["--compare", str(pa), str(pb)]) == 0
     assert "rows above 2x: A 1, B 0 of 2" in capsys.readouterr().out
+
+
+def test_side_by_side_alternates_implementations_each_repeat(monkeypatch):
+    monkeypatch.setattr(bench, "LOAD", [None])
+    order = []
+    case = bench.Case("row")
+    got = bench.side_by_side(case, 0.0, 3, eager=lambda: order.append("e"),
+                             compiled=lambda: order.append("c"), numpy=None,
+                             torch=lambda: order.append("t"))
+    # one warm-up call and one batch of one call each (min_time 0), then the three
+    # repeats take one batch of each implementation in turn
+    assert order[:2] == ["e", "e"] and order[2:4] == ["c", "c"] and order[4:6] == ["t", "t"]
+    assert order[6:] == ["e", "c", "t"] * 3
+    assert set(got) == {"eager", "compiled", "torch"} and case.numpy is None
+    assert case.eager is got["eager"] and isinstance(case.torch, bench.Timing)
+    assert case.compiled.median >= float(case.compiled) > 0 and case.compiled.busy is None
+
+
+def test_side_by_side_pairs_each_quiet_batch_under_paired_load(monkeypatch):
+    load = _CountingLoad()
+    monkeypatch.setattr(bench, "LOAD", [load])
+    case = bench.Case("row")
+    bench.side_by_side(case, 0.001, 2, eager=lambda: None, compiled=lambda: None)
+    assert load.events == ["on", "off"] * 4  # 2 repeats x 2 implementations
+    assert isinstance(case.eager.busy, bench.Timing) and case.compiled.busy > 0
+
+
+def test_side_by_side_names_an_unknown_implementation():
+    with pytest.raises(ValueError, match=r"unknown implementation\(s\) \['jax'\]"):
+        bench.side_by_side(bench.Case("row"), 0.001, 1, jax=lambda: None)
