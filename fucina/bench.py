@@ -530,9 +530,8 @@ def _rope_case(quick: bool) -> Case:
     fast = F.compile(rope)
     c = Case(f"rope half [{b},{s},{h},{d}] (table)")
     mt = 0.05 if quick else 0.3
-    if torch is None:
-        side_by_side(c, mt, eager=lambda: rope(x), compiled=lambda: fast(x))
-    else:
+    torch_rope = None
+    if torch is not None:
         tx = torch.from_numpy(x.numpy())
         cos = torch.from_numpy(np.concatenate([table.cos, table.cos], -1))[None, :, None, :]
         sin = torch.from_numpy(np.concatenate([table.sin, table.sin], -1))[None, :, None, :]
@@ -541,7 +540,8 @@ def _rope_case(quick: bool) -> Case:
             x1, x2 = tx[..., :d // 2], tx[..., d // 2:]
             return tx * cos + torch.cat((-x2, x1), dim=-1) * sin
 
-        side_by_side(c, mt, eager=lambda: rope(x), compiled=lambda: fast(x), torch=torch_rope)
+    side_by_side(c, mt, eager=lambda: rope(x), compiled=lambda: fast(x), torch=torch_rope)
+    if torch_rope is not None:
         c.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(x).numpy()
                                                               - torch_rope().numpy())))
     c.notes["kernels"] = len(fast.kernels(x))
@@ -720,8 +720,9 @@ def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_
             text = fast.ir(x, y)
             c.notes["in_place_writes"] = text.count("stored in place by its kernel")
             c.notes["copied_writes"] = text.count("copied after the last step")
+    repeats = 3 if quick else 5
     if torch is None:
-        side_by_side(c, mt, 3 if quick else 5, **steps)
+        side_by_side(c, mt, repeats, **steps)
         return c
     tx, tl = torch.from_numpy(x0), torch.from_numpy(labels)
     layers: list[Any] = []
@@ -741,7 +742,7 @@ def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_
             return loss
         return step
 
-    side_by_side(c, mt, 3 if quick else 5, torch=torch_step(model), **steps)
+    side_by_side(c, mt, repeats, torch=torch_step(model), **steps)
     if torch_compile:
         try:
             t0 = time.perf_counter()

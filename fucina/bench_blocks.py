@@ -161,9 +161,8 @@ def _block_case(quick: bool, cold_warm: bool, torch_compile: bool) -> Case:
     c = Case(f"transformer block forward [{b}x{s}, d {d}, {heads} heads, ffn {ff}]")
     mt = 0.1 if quick else 0.5
     c.notes["kernels"] = len(fast.kernels(x))
-    if torch is None:
-        side_by_side(c, mt, eager=lambda: forward(x), compiled=lambda: fast(x))
-    else:
+    torch_forward = None
+    if torch is not None:
         layer = _torch_block(w, d, heads, ff)
         tx = torch.from_numpy(x.numpy())
 
@@ -171,8 +170,9 @@ def _block_case(quick: bool, cold_warm: bool, torch_compile: bool) -> Case:
             with torch.no_grad():
                 return layer(tx)
 
-        side_by_side(c, mt, eager=lambda: forward(x), compiled=lambda: fast(x),
-                     torch=torch_forward)
+    side_by_side(c, mt, eager=lambda: forward(x), compiled=lambda: fast(x),
+                 torch=torch_forward)
+    if torch is not None:
         with torch.no_grad():
             want = layer(tx).numpy()
             if torch_compile:
