@@ -376,3 +376,19 @@ def test_side_by_side_pairs_each_quiet_batch_under_paired_load(monkeypatch):
 def test_side_by_side_names_an_unknown_implementation():
     with pytest.raises(ValueError, match=r"unknown implementation\(s\) \['jax'\]"):
         bench.side_by_side(bench.Case("row"), 0.001, 1, jax=lambda: None)
+
+
+def test_rows_run_without_torch(monkeypatch):
+    # torch is optional: every row then times fucina (and numpy) alone, torch's side None
+    from fucina import bench_blocks, bench_rows, bench_unary
+
+    for module in (bench, bench_blocks, bench_rows, bench_unary):
+        monkeypatch.setattr(module, "torch", None)
+    cases = [bench._rope_case(True), bench_blocks._block_case(True, False, False),
+             bench_rows._reduce_case("sum", 0, (8, 64, 64), True),
+             bench_unary.unary_cases(1 << 12, True)[0],
+             bench._training_case("spirals", (2, 64, 64, 2), 256, "tanh", "Adam", 1e-2, True,
+                                  False)]
+    for c in cases:
+        assert c.torch is None and c.compiled > 0 and c.eager > 0, c.name
+        assert not any("torch" in k for k in c.notes), c.name
