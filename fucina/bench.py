@@ -16,9 +16,9 @@ helpers spinning, and reports each row's loaded/quiet ratio (recorded as
 kernels, torch and OpenBLAS (the AVX2 path on an AVX-512 machine; recorded as
 ``isa_level``, and the header's ``kernels`` line gives the compile target's vector
 width). Times are the minimum over repeats of the mean over a batch
-of calls. Most rows take their repeats in alternation, one batch of each
-implementation in turn (:func:`side_by_side`), so a slow spell of a shared host
-falls on every side of a ratio; still, compare ratios from one run rather than
+of calls. Each row but the model rows takes its repeats in alternation, one batch
+of each implementation in turn (:func:`side_by_side`), so a slow spell of a shared
+host falls on every side of a ratio; still, compare ratios from one run rather than
 absolute times across runs.
 """
 
@@ -383,19 +383,31 @@ def _conv2d_case(quick: bool) -> Case:
     fast = F.compile(conv)
     c = Case(f"conv2d 3x3 [{b},{hw},{hw},{ch}]->{ch} NHWC")
     mt = 0.2 if quick else 1.0
-    c.eager = best_time(lambda: conv(x, w, bias), mt)
-    c.compiled = best_time(lambda: fast(x, w, bias), mt)
+    torch_conv = None
     if torch is not None:
         tx = torch.from_numpy(x.numpy()).permute(0, 3, 1, 2)  # channels_last memory
         tw = torch.from_numpy(w.numpy()).permute(0, 3, 1, 2)
         tb = torch.from_numpy(bias.numpy())
         nchw, wn = tx.contiguous(), tw.contiguous()
+
+        def conv_in(inp: Any, ker: Any) -> Callable[[], Any]:
+            def run() -> Any:
+                with torch.no_grad():
+                    return torch.nn.functional.conv2d(inp, ker, tb, 1, 1)
+            return run
+
+        # torch's faster layout, picked by a short probe; the row then times that one
+        layouts = {"channels_last": conv_in(tx, tw), "NCHW": conv_in(nchw, wn)}
+        probe = {k: best_time(fn, mt / 4, 3) for k, fn in layouts.items()}
+        layout = min(probe, key=lambda k: probe[k])
+        c.notes["torch_layout"] = layout
+        torch_conv = layouts[layout]
         with torch.no_grad():
-            t_cl = best_time(lambda: torch.nn.functional.conv2d(tx, tw, tb, 1, 1), mt)
-            t_nchw = best_time(lambda: torch.nn.functional.conv2d(nchw, wn, tb, 1, 1), mt)
             want = torch.nn.functional.conv2d(tx, tw, tb, 1, 1).permute(0, 2, 3, 1).numpy()
-        c.torch = min(t_cl, t_nchw)
-        c.notes["torch_layout"] = "channels_last" if t_cl <= t_nchw else "NCHW"
+
+    side_by_side(c, mt, eager=lambda: conv(x, w, bias), compiled=lambda: fast(x, w, bias),
+                 torch=torch_conv)
+    if torch is not None:
         c.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(x, w, bias).numpy()
                                                               - want)))
     return c
@@ -424,12 +436,7 @@ def _cross_entropy_case(quick: bool) -> Case:
 
     c = Case(f"cross_entropy fwd+bwd [{rows},{classes}]")
     mt = 0.3 if quick else 2.0
-    c.eager = best_time(lambda: run(step), mt, repeats=3)
-    c.compiled = best_time(lambda: run(fast), mt, repeats=3)
-    loss = run(fast).item()
-    g = x.grad()
-    assert g is not None  # the compiled step delivered the gradient
-    grad = g.numpy()
+    torch_step = None
     if torch is not None:
         tx, tl = torch.from_numpy(x0).clone().requires_grad_(True), torch.from_numpy(lab0)
 
@@ -437,7 +444,13 @@ def _cross_entropy_case(quick: bool) -> Case:
             tx.grad = None
             torch.nn.functional.cross_entropy(tx, tl).backward()
 
-        c.torch = best_time(torch_step, mt, repeats=3)
+    side_by_side(c, mt, 3, eager=lambda: run(step), compiled=lambda: run(fast),
+                 torch=torch_step)
+    loss = run(fast).item()
+    g = x.grad()
+    assert g is not None  # the compiled step delivered the gradient
+    grad = g.numpy()
+    if torch_step is not None:
         torch_step()
         assert tx.grad is not None
         c.notes["max_abs_grad_err_vs_torch"] = float(np.max(np.abs(grad - tx.grad.numpy())))
@@ -483,8 +496,6 @@ def _flash_attention_cases(quick: bool) -> list[Case]:
     mt = 0.1 if quick else 0.5
     fwd = Case(f"causal attention fwd b={b} h={h} q=k={s} d={d}")
     fast = F.compile(attend)
-    fwd.eager = best_time(lambda: attend(q, k, v), mt)
-    fwd.compiled = best_time(lambda: fast(q, k, v), mt)
     qv, kv_, vv = (Q.variable_from_slice(ctx, q0.shape, q0), KV.variable_from_slice(
         ctx, k0.shape, k0), KV.variable_from_slice(ctx, v0.shape, v0))
     w = F.Tensor("seq", "o").from_slice(ctx, (s, heads * d), w0.reshape(s, heads * d))
@@ -496,8 +507,7 @@ def _flash_attention_cases(quick: bool) -> list[Case]:
 
     both = Case(f"causal attention fwd+bwd b={b} h={h} q=k={s} d={d}")
     fast_train = F.compile(train)
-    both.eager = best_time(lambda: train(qv, kv_, vv, w), mt)
-    both.compiled = best_time(lambda: fast_train(qv, kv_, vv, w), mt)
+    torch_fwd = torch_train = None
     if torch is not None:
         sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -505,15 +515,21 @@ def _flash_attention_cases(quick: bool) -> list[Case]:
             return torch.from_numpy(a).view(s, b, h, d).permute(1, 2, 0, 3).contiguous()
 
         tq, tk, tv, tw = (bhsd(a) for a in (q0, k0, v0, w0))
-        fwd.torch = best_time(lambda: sdpa(tq, tk, tv, is_causal=True), mt)
-        want = sdpa(tq, tk, tv, is_causal=True).permute(2, 0, 1, 3).reshape(s, -1).numpy()
+
+        def torch_fwd() -> Any:
+            return sdpa(tq, tk, tv, is_causal=True)
+
+        want = torch_fwd().permute(2, 0, 1, 3).reshape(s, -1).numpy()
         fwd.notes["max_abs_err_vs_torch"] = float(np.max(np.abs(fast(q, k, v).numpy() - want)))
         gq, gk, gv = (t.clone().requires_grad_() for t in (tq, tk, tv))
 
         def torch_train() -> None:
             (sdpa(gq, gk, gv, is_causal=True) * tw).sum().backward()
 
-        both.torch = best_time(torch_train, mt)
+    side_by_side(fwd, mt, eager=lambda: attend(q, k, v), compiled=lambda: fast(q, k, v),
+                 torch=torch_fwd)
+    side_by_side(both, mt, eager=lambda: train(qv, kv_, vv, w),
+                 compiled=lambda: fast_train(qv, kv_, vv, w), torch=torch_train)
     return [fwd, both]
 
 

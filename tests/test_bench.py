@@ -388,7 +388,9 @@ def test_rows_run_without_torch(monkeypatch):
              bench_rows._reduce_case("sum", 0, (8, 64, 64), True),
              bench_unary.unary_cases(1 << 12, True)[0],
              bench._training_case("spirals", (2, 64, 64, 2), 256, "tanh", "Adam", 1e-2, True,
-                                  False)]
+                                  False),
+             bench._conv2d_case(True), *bench._flash_attention_cases(True),
+             bench._cross_entropy_case(True)]
     for c in cases:
         assert c.torch is None and c.compiled > 0 and c.eager > 0, c.name
         assert not any("torch" in k for k in c.notes), c.name
