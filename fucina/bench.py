@@ -141,7 +141,7 @@ def _sampler(fn: Callable[[], Any], batch_time: float) -> Callable[[], float]:
     return lambda: t.timeit(n) / n
 
 
-def side_by_side(case: Case, min_time: float = 0.2, repeats: int = 5,
+def side_by_side(case: Case, min_time: float = 0.2, repeats: int = 5, /,
                  **impls: Callable[[], Any] | None) -> dict[str, Timing]:
     """Time ``case``'s implementations (keywords from :data:`IMPLS`; None skips one) in
     alternation and set each as :func:`best_time` would: every repeat takes one batch of
@@ -153,18 +153,8 @@ def side_by_side(case: Case, min_time: float = 0.2, repeats: int = 5,
     if unknown:
         raise ValueError(f"side_by_side: unknown implementation(s) {unknown}; "
                          f"expected some of {list(IMPLS)}")
-    samplers = {k: _sampler(fn, min_time / repeats) for k, fn in impls.items()
-                if fn is not None}
-    quiet: dict[str, list[float]] = {k: [] for k in samplers}
-    busy: dict[str, list[float]] = {k: [] for k in samplers}
-    load = LOAD[0]
-    for _ in range(repeats):
-        for k, sample in samplers.items():
-            quiet[k].append(sample())
-            if load is not None:
-                with load.running():
-                    busy[k].append(sample())
-    got = {k: Timing(quiet[k], Timing(busy[k]) if busy[k] else None) for k in samplers}
+    got = _alternate({k: _sampler(fn, min_time / repeats) for k, fn in impls.items()
+                      if fn is not None}, repeats)
     for k, t in got.items():
         setattr(case, k, t)
     return got
@@ -174,15 +164,22 @@ def paired_samples(sample: Callable[[], float], repeats: int) -> Timing:
     """``repeats`` samples (seconds per call) as a :class:`Timing`; under
     ``--paired-load`` (:data:`LOAD` set) each is followed by one taken with the helper
     processes spinning, attached as the Timing's ``busy``."""
+    return _alternate({"": sample}, repeats)[""]
+
+
+def _alternate(samplers: dict[str, Callable[[], float]], repeats: int) -> dict[str, Timing]:
+    """``repeats`` rounds of one sample of each sampler in turn, as Timings by name; under
+    ``--paired-load`` each sample is followed by one taken under load (the ``busy``)."""
     load = LOAD[0]
-    quiet: list[float] = []
-    busy: list[float] = []
+    quiet: dict[str, list[float]] = {k: [] for k in samplers}
+    busy: dict[str, list[float]] = {k: [] for k in samplers}
     for _ in range(repeats):
-        quiet.append(sample())
-        if load is not None:
-            with load.running():
-                busy.append(sample())
-    return Timing(quiet, Timing(busy) if busy else None)
+        for k, sample in samplers.items():
+            quiet[k].append(sample())
+            if load is not None:
+                with load.running():
+                    busy[k].append(sample())
+    return {k: Timing(quiet[k], Timing(busy[k]) if busy[k] else None) for k in samplers}
 
 
 def _chain_case(n: int, quick: bool) -> Case:
@@ -897,7 +894,7 @@ def run_suite(quick: bool = False, cold_warm: bool = True, models: bool = False,
     from .bench_unary import proxy_case, unary_cases
 
     cases += row_cases(quick)
-    cases += dispatch_cases(Case, best_time, quick)
+    cases += dispatch_cases(Case, side_by_side, quick)
     cases += [proxy_case(cases[0], quick), *unary_cases(n, quick)]
     cases += block_cases(quick, cold_warm)
     if cold_warm:

@@ -4,8 +4,8 @@ Each row times a tiny eager op against torch's same op (``add``, ``mul``, ``exp`
 ``sum`` on 8 elements, ``dot`` of two 8x8 matrices), and a compiled one-op
 function (add, mul, exp, sum, dot) against the eager op. The work is negligible,
 so the times are the libraries' Python and dispatch overhead. The implementations
-are timed in alternation over several rounds and each keeps its best, so a burst
-of load on a shared machine does not land on one side only.
+are timed in alternation, one batch of each per repeat (``fucina.bench.side_by_side``),
+so a burst of load on a shared machine does not land on one side only.
 """
 
 from __future__ import annotations
@@ -18,29 +18,20 @@ import numpy as np
 import fucina as F
 
 
-def _alternating(fns: dict[str, Callable[[], Any]], best_time: Callable[..., Any],
-                 rounds: int, min_time: float) -> dict[str, Any]:
-    best: dict[str, Any] = {}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t = best_time(fn, min_time)
-            if name not in best or t < best[name]:
-                best[name] = t
-    return best
-
-
 def _bind(ref: Callable[..., Any], *args: Any) -> Callable[[], Any]:
     return lambda: ref(*args)
 
 
-def dispatch_cases(case: type, best_time: Callable[..., Any], quick: bool) -> list[Any]:
+def dispatch_cases(case: type, side_by_side: Callable[..., Any], quick: bool) -> list[Any]:
     """The dispatch rows as ``case`` objects (``fucina.bench.Case``), timed with
-    ``best_time`` (``fucina.bench.best_time``)."""
+    ``side_by_side`` (``fucina.bench.side_by_side``; passed in: that module imports
+    this one)."""
     try:
         import torch
     except ImportError:  # pragma: no cover - depends on the machine
         torch = None  # type: ignore[assignment]
-    rounds, mt = (1, 0.02) if quick else (5, 0.1)
+    # per side: 25 batches of 20 ms, in alternation (quick runs: 5 of 4 ms)
+    repeats, batch = (5, 0.004) if quick else (25, 0.02)
     ctx = F.ExecContext()
     rng = np.random.default_rng(0)
     x8, y8 = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
@@ -63,8 +54,7 @@ def dispatch_cases(case: type, best_time: Callable[..., Any], quick: bool) -> li
             ta, tb = torch.from_numpy(x8), torch.from_numpy(y8)
             tm = (torch.from_numpy(m), torch.from_numpy(w))
             fns["torch"] = _bind(ref, torch, ta, tb, tm)
-        best = _alternating(fns, best_time, rounds, mt)
-        c.eager, c.torch = best["eager"], best.get("torch")
+        side_by_side(c, batch * repeats, repeats, **fns)
         if c.torch is not None:
             c.notes["eager/torch"] = float(c.eager) / float(c.torch)
         cases.append(c)
@@ -78,9 +68,7 @@ def dispatch_cases(case: type, best_time: Callable[..., Any], quick: bool) -> li
     for name, fn, args, eager in compiled:
         one = F.compile(fn)
         c = case(f"dispatch compiled one-op {name}")
-        best = _alternating({"compiled": _bind(one, *args), "eager": eager},
-                            best_time, rounds, mt)
-        c.compiled, c.eager = best["compiled"], best["eager"]
+        side_by_side(c, batch * repeats, repeats, compiled=_bind(one, *args), eager=eager)
         c.notes["compiled/eager"] = float(c.compiled) / float(c.eager)
         cases.append(c)
     return cases
