@@ -336,7 +336,8 @@ def check_trailing(tags: Sequence[str], trailing: Sequence[str], op: str) -> Non
 
 def check_exact(tags: Sequence[str], expected: Sequence[str], what: str) -> None:
     """An operand whose type the op fixes (a conv weight) must carry exactly ``expected``."""
-    if tuple(tags) != tuple(expected):
+    expected = tuple(check_tag(t) for t in expected)  # an array compared with == is ambiguous
+    if tuple(tags) != expected:
         raise TagError(f"{what} must be tagged {_fmt(expected)}, got {_fmt(tags)}")
 
 

@@ -416,3 +416,23 @@ def test_rope_tables_and_scales_given_ints_beyond_float_are_refused_by_name(ctx)
         F.Tensor("a").ones(ctx, (2,)).take_scale_no_grad(10**400)
     table = ctx.prepare_rope_table_inv_freqs_f64(3, 2, [1.0])
     np.testing.assert_allclose(table.cos.reshape(-1), np.cos([3.0, 4.0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("call, arg", [
+    (lambda x, w, k: x.conv1d("b", "c", np.array([1, 2]), "f", w), "tap_tag"),
+    (lambda x, w, k: x.causal_conv1d("b", "c", [1], "f", w), "tap_tag"),
+    (lambda x, w, k: x.grouped_causal_conv1d("b", "c", "e", np.array([1, 2]), "f", w, 1, 1),
+     "in_per_group_tag"),
+    (lambda x, w, k: x.causal_depthwise_conv1d("b", "c", np.array([1, 2]), k), "tap_tag"),
+])
+def test_conv_weight_tags_that_are_not_strings_raise_tag_error(ctx, call, arg):
+    # in2.conv1d('b', 'c', array([1, 2]), 'f', in3): the weight's tags were compared with a
+    # tuple holding the array, and numpy's "truth value of an array is ambiguous"
+    # ValueError escaped instead of a TagError naming the argument.
+    x = F.Tensor("a", "b", "c").from_numpy(ctx, np.ones((1, 3, 2), np.float32))
+    w = F.Tensor("e", "c", "f").from_numpy(ctx, np.ones((1, 2, 4), np.float32))
+    k = F.Tensor("c", "e").from_numpy(ctx, np.ones((2, 1), np.float32))
+    with pytest.raises(F.TagError, match=f"argument '{arg}' expects a tag name"):
+        call(x, w, k)
+    with pytest.raises(F.TagError, match=f"argument '{arg}' expects a tag name"):
+        F.compile(lambda x, w, k: call(x, w, k))(x, w, k)
