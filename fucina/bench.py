@@ -734,29 +734,30 @@ def _training_case(name: str, sizes: tuple[int, ...], batch: int, act: str, opt_
             c.notes["in_place_writes"] = text.count("stored in place by its kernel")
             c.notes["copied_writes"] = text.count("copied after the last step")
     repeats = 3 if quick else 5
-    if torch is None:
-        side_by_side(c, mt, repeats, **steps)
-        return c
-    tx, tl = torch.from_numpy(x0), torch.from_numpy(labels)
-    layers: list[Any] = []
-    for k in range(len(sizes) - 1):
-        layers.append(torch.nn.Linear(sizes[k], sizes[k + 1]))
-        if k < len(sizes) - 2:
-            layers.append(torch.nn.Tanh() if act == "tanh" else torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
-    topt = getattr(torch.optim, opt_name)(model.parameters(), lr=lr)
+    torch_step = None
+    if torch is not None:
+        tx, tl = torch.from_numpy(x0), torch.from_numpy(labels)
+        layers: list[Any] = []
+        for k in range(len(sizes) - 1):
+            layers.append(torch.nn.Linear(sizes[k], sizes[k + 1]))
+            if k < len(sizes) - 2:
+                layers.append(torch.nn.Tanh() if act == "tanh" else torch.nn.ReLU())
+        model = torch.nn.Sequential(*layers)
+        topt = getattr(torch.optim, opt_name)(model.parameters(), lr=lr)
 
-    def torch_step(net: Any) -> Callable[[], Any]:
-        def step() -> Any:
-            topt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(net(tx), tl)
-            loss.backward()
-            topt.step()
-            return loss
-        return step
+        def torch_step(net: Any) -> Callable[[], Any]:
+            def step() -> Any:
+                topt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(net(tx), tl)
+                loss.backward()
+                topt.step()
+                return loss
+            return step
 
-    side_by_side(c, mt, repeats, torch=torch_step(model), **steps)
-    if torch_compile:
+        steps["torch"] = torch_step(model)
+    side_by_side(c, mt, repeats, **steps)
+    # torch.compile is a note, timed after the row (its first call compiles for seconds)
+    if torch_step is not None and torch_compile:
         try:
             t0 = time.perf_counter()
             cmodel = torch.compile(model)
