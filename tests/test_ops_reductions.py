@@ -154,6 +154,22 @@ def test_argmax_nan_never_wins_and_first_tie(ctx):
     assert not _t(ctx, ("r", "c"), np.float32(v), variable=True).argmax("c").requires_grad
 
 
+def test_argmax_nan_ahead_of_a_minus_inf_maximum(ctx):
+    # Regression: NaN was read as -inf, so a NaN ahead of a -inf maximum won ([nan, -inf]
+    # gave 0); the winner is the first element equal to the non-NaN maximum.
+    n, i = np.nan, -np.inf
+    v = np.float32([[n, i], [n, i], [i, n], [n, n]])
+    x = _t(ctx, ("r", "c"), v)
+    fast = F.compile(lambda t: t.argmax("c"))
+    for y in (x, x.to("f16"), x.to("bf16")):
+        np.testing.assert_array_equal(y.argmax("c").numpy(), [1, 1, 0, 0])
+        np.testing.assert_array_equal(fast(y).numpy(), [1, 1, 0, 0])
+    np.testing.assert_array_equal(x.argmax("r").numpy(), [2, 0])
+    w = _t(ctx, ("r", "c"), np.float32([[n, n, i, 3, n, 3]]))
+    np.testing.assert_array_equal(w.argmax("c").numpy(), [3])
+    np.testing.assert_array_equal(fast(w).numpy(), [3])
+
+
 def test_cumsum_is_sequential_and_cumprod_values(ctx):
     v = RNG.standard_normal((3, 50)).astype(np.float32)
     x = _t(ctx, ("r", "c"), v)

@@ -134,9 +134,13 @@ def scan(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray
 def argmax(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -> np.ndarray:
     """First index of the maximum along ``axis``; NaN never wins (an all-NaN lane gives 0)."""
     a, axis = ins[0], attrs["axis"]
-    if a.dtype.kind == "f":
-        a = np.where(np.isnan(a), a.dtype.type(-np.inf), a)
-    return np.argmax(a, axis=axis).astype(np.int64)
+    if a.dtype.kind != "f":
+        return np.argmax(a, axis=axis).astype(np.int64)
+    # The first element equal to the lane's non-NaN maximum: with NaN read as -inf,
+    # np.argmax would pick a NaN ahead of a -inf maximum ([nan, -inf] gives 0, not 1).
+    # An all-NaN lane matches nowhere, and argmax of all-False is 0.
+    top = np.max(np.where(np.isnan(a), a.dtype.type(-np.inf), a), axis=axis, keepdims=True)
+    return np.argmax(a == top, axis=axis).astype(np.int64)
 
 
 @kernel("contract")
