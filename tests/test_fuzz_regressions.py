@@ -388,6 +388,22 @@ def test_conv_window_arguments_beyond_int64_are_refused_by_name(ctx):
                                   [[2.0], [4.0], [6.0]])
 
 
+def test_a_result_beyond_the_element_limit_is_invalid_shape(ctx):
+    # x.conv2d(w, None, 1, 2**40, 1, ...): a [1, 2**41, 2**41, 3] result reached np.empty,
+    # whose "Maximum allowed dimension exceeded" ValueError escaped, eager and compiled.
+    x = F.Tensor("b", "h", "w", "c").ones(ctx, (1, 4, 4, 2))
+    w = F.Tensor("o", "kh", "kw", "c").ones(ctx, (3, 3, 3, 2))
+
+    def conv(x, w, pad):
+        return x.conv2d(w, None, 1, pad, 1, ("oh", "ow", "oc"))
+
+    for pad in (2**40, 2**30):
+        for run in (conv, F.compile(conv)):
+            with pytest.raises(F.InvalidShape, match=r"conv2d: the result shape .* 2\*\*59"):
+                run(x, w, pad)
+    np.testing.assert_array_equal(conv(x, w, 1).numpy()[0, 1, 1], [18.0, 18.0, 18.0])
+
+
 def test_a_rope_source_dict_missing_fields_is_refused_by_name(ctx):
     # in0.rope('c', 'd', {}, 'half'): RopeTheta(**{}) let Python's own TypeError escape.
     x = F.Tensor("a", "b").ones(ctx, (2, 4))

@@ -8,15 +8,17 @@ node gets a symbolic value instead and is recorded into the tracer's program.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..dtypes import DType
+from ..errors import InvalidShape
 from ..kernels import reference
 from ..runtime.gradmode import is_grad_enabled
-from ..runtime.raw import RawTensor
+from ..runtime.raw import MAX_ELEMENTS, MAX_ELEMENTS_TEXT, RawTensor
 from ..runtime.storage import POOL, storage_for
 from . import eager
 from .checks import ATTR_CHECKS, VALUE_CHECKS
@@ -125,6 +127,9 @@ def emit(op: str, inputs: tuple[Node, ...] | list[Node], tags: tuple[str, ...] |
         ins = [i.value for i in inputs]
         assert d.infer is not None  # every non-view op infers its result
         shape, dtype = d.infer(ins, attrs)
+        if math.prod(shape) > MAX_ELEMENTS:  # (numpy would raise its own ValueError)
+            raise InvalidShape(f"{op}: the result shape {tuple(shape)} has more than "
+                               f"{MAX_ELEMENTS_TEXT} elements")
         if tracer is not None or any(v.is_symbolic for v in ins):
             value = RawTensor.symbolic(dtype, shape)
         else:

@@ -1,10 +1,10 @@
 """Fused-loss primitives: cross-entropy rows and the fused linear losses.
 
-``ce_rows`` (logits, i64 labels) -> per-position ``[loss, lse, keep]`` rows.
+``ce_rows`` (logits, i64 labels) -> per-position ``[loss, sum, keep, shift]`` rows.
 Composed from the elementwise primitives, cross-entropy materialized the
 exponentials for its backward and read the logits five times; the primitive
 reads them once forward (the row's second pass hits L2) and once backward,
-where ``ce_rows_grad`` rebuilds the softmax from the saved log-sum-exp.
+where ``ce_rows_grad`` rebuilds the softmax from the saved row max and sum.
 Measurements are in docs/ARCHITECTURE.md ("Primitives of the losses and
 selection").
 
@@ -113,11 +113,11 @@ def _ce_rows_vjp(n: Node, g: Node) -> tuple[Node | None, ...]:
 class _Saved:
     """What one forward run keeps for its backward."""
 
-    __slots__ = ("logits", "lse", "extra", "buffer")
+    __slots__ = ("logits", "rows", "extra", "buffer")
 
     def __init__(self) -> None:
         self.logits: np.ndarray | None = None
-        self.lse: np.ndarray | None = None
+        self.rows: tuple[np.ndarray, np.ndarray] | None = None  # the rows' shift and sum
         self.extra: Any = None
         self.buffer: np.ndarray | None = None
 
@@ -229,9 +229,10 @@ def _linear_ce_panel(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) -
     z = rec.consume()
     labels = check_indices(labels_in, z.shape[1], attrs["ignore"])
     gp = np.ascontiguousarray(g[:, LK.STAT_LOSS], dtype=np.float32)
-    lse = np.ascontiguousarray(stats[:, LK.STAT_LSE], dtype=np.float32)
+    shift = np.ascontiguousarray(stats[:, LK.STAT_SHIFT], dtype=np.float32)
+    total = np.ascontiguousarray(stats[:, LK.STAT_SUM], dtype=np.float32)
     LK.softmax_panel_inplace(z, labels, _sentinel(attrs["ignore"]), float(attrs["smooth"]),
-                             1.0, gp, lse)
+                             1.0, gp, shift, total)
     return z
 
 
@@ -284,15 +285,18 @@ def _linear_distill(attrs: dict[str, Any], ins: list[np.ndarray], out: DType) ->
     uniq, inv = np.unique(rows, return_inverse=True)
     z = rec.take(uniq.size, w.shape[0])
     np.matmul(x[uniq], w.T, out=z)
-    lse = np.empty(uniq.size, np.float32)
-    LK.lse_rows(z, lse)
+    shift = np.empty(uniq.size, np.float32)
+    sums = np.empty(uniq.size, np.float32)
+    LK.shift_sum_rows(z, shift, sums)
     picked = z[inv, classes]
-    total = float(np.dot(probs.astype(np.float64), (lse[inv] - picked).astype(np.float64)))
+    # lse - logit as log(sum) + (shift - logit): no absolute log-sum-exp rounded to f32
+    gap = np.log(sums.astype(np.float64))[inv] + (shift[inv].astype(np.float64) - picked)
+    total = float(np.dot(probs.astype(np.float64), gap))
     if attrs["reduction"] == "mean":
         total /= probs.size
     if attrs["save"]:
         st = rec.saved()
-        st.lse = lse
+        st.rows = (shift, sums)
         st.extra = (uniq, inv, classes, probs)
     rec.keep(z, bool(attrs["save"]))
     return np.array([total * attrs["loss_scale"]], np.float32)
@@ -307,16 +311,16 @@ def _linear_distill_grad(attrs: dict[str, Any], ins: list[np.ndarray], out: DTyp
     st = rec.saved()
     z = rec.consume()
     uniq, inv, classes, probs = st.extra
-    lse = st.lse
-    assert lse is not None  # saved with the logits
+    assert st.rows is not None  # saved with the logits
+    shift, sums = st.rows
     coef = float(g.reshape(-1)[0]) * attrs["loss_scale"]
     if attrs["reduction"] == "mean":
         coef /= probs.size
     # d/dz_u = coef (softmax(z_u) * mass_u - sum_{i in u} probs_i onehot(class_i))
     mass = np.bincount(inv, weights=probs.astype(np.float64), minlength=uniq.size)
-    LK.scaled_softmax_inplace(z, lse, (coef * mass).astype(np.float32))
+    LK.scaled_softmax_inplace(z, shift, sums, (coef * mass).astype(np.float32))
     np.add.at(z, (inv, classes), (-coef * probs).astype(np.float32))
-    st.lse = st.extra = None
+    st.rows = st.extra = None
     parts = []
     if attrs["want_x"]:
         dx = np.zeros(x.shape, np.float32)

@@ -513,6 +513,8 @@ def align_node(x: Any, target: Sequence[str], shape: Sequence[int]) -> Node:
         j = T.find(src, t)
         if j is not None and node.shape[j] == d:
             row[j] = 1
+        elif j is not None and node.shape[j] != 1:  # callers check; never read it as a broadcast
+            raise ShapeMismatch(f"tag {t!r}: size {node.shape[j]} does not broadcast to {d}")
         coeffs.append(tuple(row))
     return emit("view", (node,), shape=tuple(shape) or (1,),
                 coeffs=tuple(coeffs) or ((0,) * in_rank,), base=(0,) * in_rank)

@@ -95,6 +95,10 @@ def index_node(self: Any, data: Any, count: int, what: str,
         if node.value.numel != count:
             raise InvalidShape(f"{node.value.numel} {what} for {count} positions")
         if rest is not None and rest[0] and set(data.axis_tags) == set(rest[0]):
+            sizes = dict(zip(data.axis_tags, data.shape))
+            for t, d in zip(*rest):
+                if sizes[t] != d:  # (same count, other sizes: the labels of other positions)
+                    raise ShapeMismatch(f"{what}: tag {t!r} has size {sizes[t]}, expected {d}")
             node = align_node(data, rest[0], rest[1])
         if not node.value.is_contiguous():
             node = emit("copy", (node,))
@@ -152,7 +156,7 @@ def _count_of(data: Any, what: str) -> int:
 
 
 def _stats_column(stats: Node, col: int, shape: tuple[int, ...]) -> Node:
-    """Column ``col`` of [positions, 3] stats viewed at the positions' shape."""
+    """Column ``col`` of [positions, STATS] stats viewed at the positions' shape."""
     strides = contiguous_strides(shape)
     return emit("view", (stats,), shape=shape, coeffs=tuple((s, 0) for s in strides),
                 base=(0, col))
