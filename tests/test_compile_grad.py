@@ -143,3 +143,44 @@ def test_ir_and_kernels_work_for_every_signature(ctx):
     assert len(fast.kernels(w)) == 1
     with pytest.raises(TypeError, match="concrete arguments"):
         F.compile(lambda x: fast.ir(x))(w)
+
+
+def test_grad_read_inside_a_compiled_function_is_the_calls_own(ctx):
+    # Regression: p.grad() inside fucina.compile read the host's gradient at trace time,
+    # so it returned None on the first call and then the first call's gradient forever.
+    def make():
+        p = T.variable_from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+        q = T.variable_from_slice(ctx, (3,), [0.0, 0.0, 0.0])
+        opt = F.optim.SGD([p], lr=0.1)
+
+        def f(x):
+            before = q.grad()  # q gets no gradient here: None on every call
+            p.mul(x).sum_all().backward()  # no zero_grad: the gradient accumulates
+            opt.step()
+            g = p.grad()
+            return g, before is None
+        return f, p
+
+    (fe, pe), (fc, pc) = make(), make()
+    fast = F.compile(fc)
+    for v in ([4.0, 5.0, 6.0], [1.0, 1.0, 1.0], [0.0, 0.0, 2.0], [3.0, 3.0, 3.0]):
+        x = T.from_slice(ctx, (3,), v)
+        (ge, ne), (gc, nc) = fe(x), fast(x)
+        np.testing.assert_array_equal(gc.numpy(), ge.numpy())
+        assert ne and nc
+        np.testing.assert_array_equal(pc.grad().numpy(), pe.grad().numpy())
+        np.testing.assert_array_equal(pc.numpy(), pe.numpy())
+    np.testing.assert_array_equal(ge.numpy(), [8.0, 9.0, 12.0])
+    gc.numpy()[0] = 99.0  # an owned copy, as eager's: the live gradient is untouched
+    assert pc.grad().numpy()[0] == 8.0
+
+
+def test_grad_view_inside_a_compiled_function_is_refused(ctx):
+    p = T.variable_from_slice(ctx, (3,), [1.0, 2.0, 3.0])
+
+    def f(x):
+        p.mul(x).sum_all().backward()
+        return p.grad_view()
+
+    with pytest.raises(TypeError, match=r"grad_view\(\) inside fucina.compile"):
+        F.compile(f)(T.from_slice(ctx, (3,), [1.0, 1.0, 1.0]))

@@ -41,12 +41,25 @@ def clip_grad_norm(params: Iterable[Any] | Any, max_norm: float) -> Any:
     if not grads:
         return 0.0
     with no_grad():
-        total = math.sqrt(sum(float((g * g).sum_all().item()) for g in grads))
-        coef = limit / (total + 1e-6)
-        if coef < 1.0 or math.isnan(coef):
+        total, coef = _norm_and_scale(grads, limit)
+        c = float(coef.item())
+        if c < 1.0 or math.isnan(c):  # (a scale of 1 leaves the gradients as they are)
             for g in grads:
                 assign(g, g * coef)
-    return total
+    return float(total.item())
+
+
+def _norm_and_scale(grads: list[Any], limit: float) -> tuple[Any, Any]:
+    """The global norm and the scale ``min(limit / (norm + 1e-6), 1)`` as float32 scalar
+    tensors, by the same operations eagerly and in a trace (so a compiled step clips
+    exactly as the eager one: a float64 norm on the host differed in the last bit)."""
+    sq = [(g * g).sum_all() for g in grads]
+    total = sq[0]
+    for s in sq[1:]:
+        total = total + s
+    total = total.sqrt()
+    # torch: clamp(max_norm / (total + 1e-6), max=1); a NaN norm scales by NaN.
+    return total, (limit / (total + 1e-6)).minimum(total.ones_like())
 
 
 def _traced_clip(tracer: Any, ps: list[Any], limit: float) -> Any:
@@ -61,13 +74,7 @@ def _traced_clip(tracer: Any, ps: list[Any], limit: float) -> Any:
                 grads.append((p, type(p)._from_node(node, p._ctx)))
         if not grads:
             return Tensor().zeros(ps[0]._ctx, (1,)) if ps else 0.0
-        sq = [(g * g).sum_all() for _, g in grads]
-        total = sq[0]
-        for s in sq[1:]:
-            total = total + s
-        total = total.sqrt()
-        # torch: clamp(max_norm / (total + 1e-6), max=1); a NaN norm scales by NaN.
-        coef = (limit / (total + 1e-6)).minimum(total.ones_like())
+        total, coef = _norm_and_scale([g for _, g in grads], limit)
         for p, g in grads:
             tracer.set_grad(p._node, (g * coef)._node)
     return total

@@ -168,12 +168,28 @@ class GradAccess(Tensor):
     __slots__ = ()
 
     def grad(self) -> F32Tensor | None:
-        """An owned copy of the accumulated gradient (f32), or None."""
-        g = self._node.grad
+        """An owned copy of the accumulated gradient (f32), or None (inside
+        ``fucina.compile``: the gradient at this point of every call)."""
+        node = self._node
+        tracer: Any = current_tracer()
+        if tracer is not None and not node.value.is_symbolic:
+            # The host's gradient is only the trace-time one: read the program's.
+            if not hasattr(tracer, "grad"):
+                raise TypeError("grad() cannot be traced here")
+            with no_grad():
+                g = tracer.grad(node)
+                if g is None:
+                    return None
+                out = emit("copy", (g,))
+            return result(self, self.axis_tags, out, DType.f32)
+        g = node.grad
         return None if g is None else _grad_tensor(self, g.contiguous_copy())
 
     def grad_view(self) -> F32Tensor | None:
         """A view sharing the live gradient buffer as of now, or None."""
+        if current_tracer() is not None and not self._node.value.is_symbolic:
+            raise TypeError("grad_view() inside fucina.compile: the live gradient buffer "
+                            "is the program's; use grad() (or read grad_view() after the call)")
         g = self._node.grad
         if g is None:
             return None
