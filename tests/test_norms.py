@@ -163,3 +163,49 @@ def test_norm_errors(ctx):
         x.standardize_axis("d", valid_len=0)
     with pytest.raises(TypeError):
         x.standardize_axis("d", bogus=1)
+
+
+def _norm_grad64(x: np.ndarray, g: np.ndarray, kind: str, eps: float) -> np.ndarray:
+    """float64 gradients of the plain norms over the last axis (closed forms)."""
+    x, g = x.astype(np.float64), g.astype(np.float64)
+    if kind == "layer_norm":
+        d = x - x.mean(-1, keepdims=True)
+        r = 1.0 / np.sqrt((d * d).mean(-1, keepdims=True) + eps)
+        xn = d * r
+        return r * (g - g.mean(-1, keepdims=True) - xn * (g * xn).mean(-1, keepdims=True))
+    stat = (x * x).mean(-1, keepdims=True) if kind == "rms_norm" else (x * x).sum(-1,
+                                                                              keepdims=True)
+    r = 1.0 / np.sqrt(stat + eps)
+    xn = x * r
+    dot = (g * xn).mean(-1, keepdims=True) if kind == "rms_norm" else (g * xn).sum(-1,
+                                                                             keepdims=True)
+    return r * (g - xn * dot)
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "l2_normalize"])
+@pytest.mark.parametrize("scale", [1e15, 1e-14])
+def test_norm_gradients_of_rows_spread_far_from_one(ctx, kind, scale):
+    # Regression: rsqrt's gradient was g * (-0.5 y^3), and y^3 alone underflowed (rows
+    # ~1e15: 16% error) or overflowed (rows ~1e-14, eps 0: NaN) in float32.
+    rng = np.random.default_rng(2)
+    x0 = (rng.standard_normal((3, 64)) * scale).astype(np.float32)
+    g0 = rng.standard_normal((3, 64)).astype(np.float32)
+    eps = 0.0 if scale < 1 else 1e-5
+
+    def f(x, g):
+        getattr(x, kind)("d", eps).backward_with_grad(g)
+
+    want = _norm_grad64(x0, g0, kind, eps)
+    for run in (f, F.compile(f)):
+        x = F.Tensor("t", "d").variable_from_slice(ctx, x0.shape, x0)
+        run(x, F.Tensor("t", "d").from_slice(ctx, g0.shape, g0))
+        got = x.grad().numpy()
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_reciprocal_gradient_where_y_squared_is_denormal(ctx):
+    # d(1/x)/dx = -g y^2 with y = 1e-22: y^2 is a float32 denormal (2% off); g y y is not
+    x = F.Tensor("d").variable_from_slice(ctx, (1,), [1e22])
+    x.reciprocal().backward_with_grad(F.Tensor("d").from_slice(ctx, (1,), [1e22]))
+    want = -1e22 / np.float64(np.float32(1e22)) ** 2
+    np.testing.assert_allclose(x.grad().numpy(), [want], rtol=1e-6)

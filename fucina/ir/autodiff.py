@@ -193,7 +193,6 @@ _UNARY_D: dict[str, tuple[str, str, tuple[float, ...] | None]] = {
     "softcap_30": ("out", "d_softcap_out", (30.0,)),
     "softcap_15": ("out", "d_softcap_out", (15.0,)),
     "sqrt": ("out", "d_sqrt_out", ()),
-    "rsqrt": ("out", "d_rsqrt_out", ()),
     "log1p": ("x", "d_log1p", ()),
     "sin": ("x", "cos", ()),
     "cos": ("x", "d_cos", ()),
@@ -203,7 +202,6 @@ _UNARY_D: dict[str, tuple[str, str, tuple[float, ...] | None]] = {
     "quick_gelu": ("x", "d_quick_gelu", ()),
     "elu": ("x", "d_elu", ()),
     "gelu_erf": ("x", "d_gelu_erf", ()),
-    "reciprocal": ("out", "d_reciprocal_out", ()),
     "abs": ("x", "sign", ()),  # torch: sgn(x), 0 at 0
     "clamp": ("x", "d_clamp", None),
 }
@@ -226,6 +224,12 @@ def _unary(n: Node, g: Node) -> Grads:
         return (_bin("mul", g, emit("unary", (x,), fn="reciprocal")),)
     if fn == "dropout":  # self-adjoint: the same (seed, p) mask regenerated over g
         return (emit("unary", (g,), fn="dropout", params=n.attrs["params"]),)
+    if fn in ("rsqrt", "reciprocal"):
+        # -0.5 g y^3 and -g y^2 as g times y once per power: y^3 alone over/underflows
+        # float32 for |y| beyond 1e13 or below 1e-13 (layer_norm of rows spread ~1e15 or
+        # ~1e-14), where the product with g is still in range.
+        t = _bin("mul", _bin("mul", g, n), n)
+        return (_scal("mul", _bin("mul", t, n), -0.5) if fn == "rsqrt" else _neg(t),)
     if fn in _UNARY_ZERO:
         return (_zeros(x.shape),)
     if UNARY[fn].out_bool:
