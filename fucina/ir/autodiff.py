@@ -145,8 +145,9 @@ def _binary(n: Node, g: Node) -> Grads:
     if fn == "mul":
         return _bin("mul", g, b), _bin("mul", g, a)
     if fn == "div":
-        ga = _bin("div", g, b)
-        return ga, _neg(_bin("mul", ga, n))
+        # -g a / b^2 as -g ((a / b) / b), torch's order: (g / b) (a / b) overflowed at a
+        # subnormal b (inf, and NaN times a zero quotient) where the gradient is finite.
+        return _bin("div", g, b), _neg(_bin("mul", g, _bin("div", n, b)))
     if fn in ("maximum", "minimum"):
         win, lose = ("gt", "lt") if fn == "maximum" else ("lt", "gt")
         # The winner takes the gradient; exact ties split it evenly (torch).
