@@ -381,6 +381,14 @@ class _Tracer:
 _NO_OP = OpDef("")
 
 
+def _same_memory(a: Any, b: Any) -> bool:
+    """Whether two storages are one, or their buffers' memory overlaps: two borrows of
+    one numpy array (or of ``x.data()``) are two storages over the same memory."""
+    if a is b:
+        return True
+    return a.buf is not None and b.buf is not None and bool(np.may_share_memory(a.buf, b.buf))
+
+
 def _check_argument_updates(entry: _Entry, a: _Args, found: list[Any]) -> None:
     """The checks eager in-place helpers make on the caller's tensors, at every call:
     the traced program writes into (or consumes) arguments whose storage the trace could
@@ -401,12 +409,26 @@ def _check_argument_updates(entry: _Entry, a: _Args, found: list[Any]) -> None:
         if st.readonly:
             raise UnsupportedView(f"{what}: the tensor's storage is read-only (borrowed const)")
         for j, other in enumerate(storages):
-            if j != k and other is st:
+            if j != k and _same_memory(other, st):
                 who = f"argument {j}" if j < len(a.tensors) else "a captured tensor"
                 raise TypeError(
                     f"{what} inside fucina.compile writes into argument {k}, whose storage "
                     f"{who} shares: the program reads its inputs as they were at the call; "
                     "pass tensors with their own storage or call the function eagerly")
+
+
+def _check_capture_writes(entry: _Entry, nodes: list[Node]) -> None:
+    """No argument may share memory with a captured tensor the program writes: the
+    program reads arguments as they were at the call, where eager would see the write."""
+    for w in entry.slot_writes:
+        st = nodes[w].value.storage
+        for j, (kind, v) in enumerate(entry.bindings):
+            if kind == "arg" and _same_memory(nodes[j].value.storage, st):
+                raise TypeError(
+                    f"fucina.compile: the function writes into a captured tensor whose "
+                    f"memory argument {v} shares: the program reads its inputs as they were "
+                    "at the call; pass tensors with their own storage or call the function "
+                    "eagerly")
 
 
 def _prefix_checks(tracer: _Tracer, a: _Args) -> None:
@@ -467,6 +489,10 @@ class _Entry:
         self.clears = tracer.clears
         # In-place helpers on tensor arguments: written back / consumed at every call.
         self.arg_writes = sorted(tracer.arg_writes.items())
+        # Captured tensors the program writes (in-place helpers, optimizer steps): an
+        # argument over their memory would be read as it was at the call.
+        self.slot_writes = sorted({k for k, _ in tracer.writes()
+                                   if tracer.bindings[k][0] == "slot"})
         self.consumed = tracer.consumed
         self.grad_presence = sorted(tracer.grad_presence.items())
 
@@ -796,6 +822,8 @@ class Compiled:
         for prologue in entry.prologues:
             prologue()
         nodes = entry.bound(a, found)
+        if entry.slot_writes:
+            _check_capture_writes(entry, nodes)
         in_raws = [n.value for n in nodes]
         raws = entry.program.run(in_raws)
         for k in entry.consumed:  # a take_* op consumed this argument, as eager does

@@ -203,6 +203,42 @@ def test_in_place_compiled_refusals(ctx):
     np.testing.assert_array_equal(x.numpy(), 2 * X0)
 
 
+def test_in_place_compiled_refuses_aliases_through_memory(ctx):
+    # Regression: the alias guard compared storage objects, so two borrows of one numpy
+    # array (or of x.data()) ran, and the program read the argument as it was at the call
+    # (compiled [0, 1, 2, ...] where eager gives [0, 2, 4, ...]).
+    both = F.compile(lambda x, y: (x.add_scaled_in_place(y, 1.0), y.scale(1.0))[1])
+    T = F.Tensor("r", "c")
+    arr = np.arange(9, dtype=np.float32)
+    for y_of in (lambda: arr[:6], lambda: arr[3:]):  # the same memory, and an overlap
+        x = T.from_borrowed_slice(ctx, (2, 3), arr[:6])
+        with pytest.raises(TypeError, match="argument 1 shares"):
+            both(x, T.from_borrowed_slice(ctx, (2, 3), y_of()))
+    np.testing.assert_array_equal(arr, np.arange(9))  # refused before anything ran
+    x = _x(ctx)
+    with pytest.raises(TypeError, match="argument 1 shares"):
+        both(x, T.from_borrowed_slice(ctx, (2, 3), x.data()))
+    apart = T.from_borrowed_slice(ctx, (2, 3), np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(both(apart, _x(ctx)).numpy(), X0)  # apart: runs
+    # a captured tensor the program writes, and an argument over its memory
+    cap = _x(ctx)
+
+    def doubled(y):
+        cap.add_scaled_in_place(cap, 1.0)
+        return y.scale(1.0)
+
+    eager = _x(ctx)
+    want = (lambda y: (eager.add_scaled_in_place(eager, 1.0), y.scale(1.0))[1])(
+        eager.slice(r=slice(0, 1))).numpy()
+    np.testing.assert_array_equal(want, 2 * X0[:1])
+    fast = F.compile(doubled)
+    with pytest.raises(TypeError, match="captured tensor whose memory argument 0 shares"):
+        fast(cap.slice(r=slice(0, 1)))
+    np.testing.assert_array_equal(cap.numpy(), X0)
+    np.testing.assert_array_equal(fast(_x(ctx)).numpy(), X0)
+    np.testing.assert_array_equal(cap.numpy(), 2 * X0)
+
+
 def test_take_add_no_grad_reuses_an_exclusive_buffer(ctx):
     x = _x(ctx).scale(1.0)  # a kernel's result: nothing else holds its buffer
     storage = x.as_raw_tensor().storage
