@@ -452,3 +452,55 @@ def test_conv_weight_tags_that_are_not_strings_raise_tag_error(ctx, call, arg):
         call(x, w, k)
     with pytest.raises(F.TagError, match=f"argument '{arg}' expects a tag name"):
         F.compile(lambda x, w, k: call(x, w, k))(x, w, k)
+
+
+def test_diag_keeps_exact_zeros_off_a_nan_or_inf_diagonal(ctx):
+    # Regression: diag multiplied by an identity matrix, so NaN/inf entries put NaN off
+    # the diagonal (0 * inf); torch.diag and the reference keep exact zeros there.
+    v = F.Tensor("d").from_slice(ctx, (3,), [np.inf, np.nan, 2.0])
+    want = np.diag(np.array([np.inf, np.nan, 2.0], np.float32))
+    for run in (lambda t: t.diag(("r", "c")), F.compile(lambda t: t.diag(("r", "c")))):
+        np.testing.assert_array_equal(run(v).numpy(), want)
+    b = F.Tensor("b", "d").from_slice(ctx, (2, 2), [np.nan, 1.0, -np.inf, 0.0])
+    got = b.diag_embed("d", ("r", "c")).numpy()
+    np.testing.assert_array_equal(got, [np.diag([np.nan, 1.0]), np.diag([-np.inf, 0.0])])
+
+
+def test_a_slice_step_beyond_any_stride_takes_one_element(ctx):
+    # Regression: slice(c=slice(None, None, 2**62)) became a 2**62-element stride and
+    # numpy's "Maximum allowed dimension exceeded" ValueError escaped; numpy gives [:, :1].
+    x = F.Tensor("r", "c").from_slice(ctx, (2, 3), [1, 2, 3, 4, 5, 6])
+    for step in (2**62, 2**63, 2**65):
+        f = lambda t, s=step: t.slice(c=slice(None, None, s))  # noqa: E731
+        for run in (f, F.compile(f)):
+            np.testing.assert_array_equal(run(x).numpy(), [[1.0], [4.0]])
+
+
+def _pad_model(x: np.ndarray, lo: int, hi: int, fill: float) -> np.ndarray:
+    """torch's constant pad along the last axis: out[j] = x[j - lo] inside x, else fill."""
+    n = x.shape[-1] + lo + hi
+    out = np.full(x.shape[:-1] + (n,), fill, np.float32)
+    for j in range(n):
+        if 0 <= j - lo < x.shape[-1]:
+            out[..., j] = x[..., j - lo]
+    return out
+
+
+def test_pad2d_crop_past_the_other_edge_keeps_the_fill(ctx):
+    # Regression: (2, -1) on width 1 and (-3, 2) on width 3 raised InvalidShape; their
+    # results have width 2, all fill (torch's ZeroPad2d gives [[0, 0]]).
+    for width in (1, 2, 3):
+        x0 = np.arange(1, 2 * width + 1, dtype=np.float32).reshape(2, width)
+        x = F.Tensor("h", "w").from_slice(ctx, x0.shape, x0)
+        for lo in range(-4, 4):
+            for hi in range(-4, 4):
+                pad = (lo, hi, 0, 0)
+                f = lambda t, p=pad: t.constant_pad2d("h", "w", p, 7.0)  # noqa: E731
+                if width + lo + hi <= 0:
+                    with pytest.raises(F.InvalidShape, match="to nothing"):
+                        f(x)
+                    continue
+                np.testing.assert_array_equal(f(x).numpy(), _pad_model(x0, lo, hi, 7.0))
+    x = F.Tensor("h", "w").from_slice(ctx, (1, 1), [5.0])
+    fast = F.compile(lambda t: t.zero_pad2d("h", "w", (2, -1, 0, 0)))
+    np.testing.assert_array_equal(fast(x).numpy(), [[0.0, 0.0]])

@@ -128,6 +128,12 @@ def _pad_node(node: Node, axis: int, before: int, after: int, fill: float) -> No
     return emit("pad", (node,), axis=axis, before=before, after=after, value=fill)
 
 
+def _crop(x: Any, tag: str, lo: int, hi: int) -> Any:
+    """A view of ``x`` without ``lo`` leading and ``hi`` trailing positions along ``tag``."""
+    dim = x.dim(tag)
+    return result(x, x.axis_tags, narrow_node(x, T.index(x.axis_tags, tag), lo, dim - lo - hi))
+
+
 def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
     fill = real_arg(fill, "fill")
     if is_int(padding):
@@ -147,16 +153,22 @@ def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
     x, padded = self, False
     for tag, lo, hi in ((w, left, right), (h, top, bottom)):
         dim = x.dim(tag)
-        crop_lo, crop_hi = max(0, -lo), max(0, -hi)
-        if dim - crop_lo - crop_hi <= 0:
+        if dim + lo + hi <= 0:
             raise InvalidShape(f"padding {padding} crops {tag!r} of size {dim} to nothing")
-        if crop_lo or crop_hi:
-            window = narrow_node(x, T.index(x.axis_tags, tag), crop_lo, dim - crop_lo - crop_hi)
-            x = result(x, x.axis_tags, window)
-        if lo > 0 or hi > 0:
+        crop_lo, crop_hi = max(0, -lo), max(0, -hi)
+        # Crop, then pad; when one side's crop passes the other side's edge (torch keeps
+        # the fill positions: width 1 padded (2, -1) is [fill, fill]), pad first.
+        first_pad = dim - crop_lo - crop_hi <= 0
+        if first_pad or lo > 0 or hi > 0:
+            if not first_pad and (crop_lo or crop_hi):
+                x = _crop(x, tag, crop_lo, crop_hi)
             x = result(x, x.axis_tags, _pad_node(x._node, T.index(x.axis_tags, tag),
                                                  max(lo, 0), max(hi, 0), fill))
             padded = True
+            if first_pad:
+                x = _crop(x, tag, crop_lo, crop_hi)
+        elif crop_lo or crop_hi:
+            x = _crop(x, tag, crop_lo, crop_hi)
     # Padding allocates; pure crops are views, so copy them to return owned storage.
     return x if padded else x.materialize()
 
@@ -302,8 +314,15 @@ def _scatter(self: Any, tag: str, indices: Any, src: Any, op: str) -> Any:
 # -- diagonals ----------------------------------------------------------------------------
 
 
-def _eye_node(n: int, dtype: DType) -> Node:
-    return _const(dtype, np.eye(n, dtype=np.float32))
+def _eye_mask(n: int) -> Node:
+    return _const(DType.bool, np.eye(n, dtype=np.bool_))
+
+
+def _keep_diagonal(v: Node, eye: Node, dtype: DType) -> Node:
+    """``v`` where ``eye`` is set, exact zeros elsewhere (a product with an identity
+    matrix would put NaN off the diagonal of a NaN or inf entry: torch keeps zeros)."""
+    zero = emit("fill", (), shape=v.shape, dtype=dtype, value=0)
+    return emit("where", (eye, v, zero))
 
 
 class Concat(Tensor):
@@ -575,7 +594,7 @@ class IndexedOps(Tensor):
             raise TagError(f"diag maps a rank-1 tensor to two tags, got {self.axis_tags} -> {out}")
         n = self.shape[0]
         v = emit("view", (self._node,), shape=(n, n), coeffs=((1,), (0,)), base=(0,))
-        return result(self, out, emit("binary", (v, _eye_node(n, self.dtype)), fn="mul"))
+        return result(self, out, _keep_diagonal(v, _eye_mask(n), self.dtype))
 
     def diag_embed(self, vec_tag: str, out_tags: Sequence[str]) -> Self:
         """Batched diag: with ``out_tags = (row_tag, col_tag)``, ``vec_tag`` becomes
@@ -591,9 +610,9 @@ class IndexedOps(Tensor):
         shape = tuple(sizes[t] for t in out)
         v = emit("view", (self._node,), shape=shape, base=(0,) * len(renamed),
                  coeffs=tuple(tuple(int(t == u) for u in renamed) for t in out))
-        eye = emit("view", (_eye_node(n, self.dtype),), shape=shape,
+        eye = emit("view", (_eye_mask(n),), shape=shape,
                    coeffs=tuple((int(t == row), int(t == col)) for t in out), base=(0, 0))
-        return result(self, out, emit("binary", (v, eye), fn="mul"))
+        return result(self, out, _keep_diagonal(v, eye, self.dtype))
 
     def trace(self, tag_a: str, tag_b: str) -> Self:
         """Sum of the (tag_a, tag_b) diagonal; both tags removed."""

@@ -318,7 +318,8 @@ class StridedViews(Tensor):
             if n == 0:
                 raise InvalidShape(f"slice: empty range {rng!r} for {tag!r} of size {dim}")
             shape[i] = n
-            coeffs[i] = _unit(r, i, step)
+            # one element: the step never applies (and may not fit a stride)
+            coeffs[i] = _unit(r, i, step if n > 1 else 1)
             base[i] = start
         return result(self, self.axis_tags, affine(self, tuple(shape), coeffs, base))
 
