@@ -504,3 +504,23 @@ def test_pad2d_crop_past_the_other_edge_keeps_the_fill(ctx):
     x = F.Tensor("h", "w").from_slice(ctx, (1, 1), [5.0])
     fast = F.compile(lambda t: t.zero_pad2d("h", "w", (2, -1, 0, 0)))
     np.testing.assert_array_equal(fast(x).numpy(), [[0.0, 0.0]])
+
+
+@pytest.mark.parametrize("first", ["mod", "div_floor"])
+def test_the_first_bad_divisor_in_trace_order_names_the_error(ctx, first):
+    # Regression: a program ran its value checks in the order its outputs reached them, so
+    # x.mod(z) then x.div_floor(z) (combined as b.rem(a)) raised "div_floor: ..." compiled
+    # where eager raises at mod, the first op to meet the zero.
+    second = "div_floor" if first == "mod" else "mod"
+    T = F.Tensor("a", dtype="i32")
+    x = T.from_slice(ctx, (3,), [7, 8, 9])
+    z = T.from_slice(ctx, (3,), [1, 0, 2])
+
+    def f(x, z):
+        a = getattr(x, first)(z)
+        b = getattr(x, second)(z)
+        return b.rem(a)
+
+    for run in (f, F.compile(f)):
+        with pytest.raises(F.DivisionByZero, match=f"^{first}: the divisor holds a zero"):
+            run(x, z)

@@ -130,7 +130,9 @@ class Program:
         # ``checks``: ops that check input values (index data, integer divisors), run (and
         # so checked) even when nothing reads their result, as eager checks each one.
         roots = list(outputs) + [v for _, v in writes] + list(checks)
-        order = topo_order(roots)
+        # Checking ops (in trace order) lead the walk, so their checks run in eager's order
+        # where dependencies allow: the first bad value raises the error eager raises.
+        order = topo_order(list(checks) + roots)
         order, roots = _cse(order, roots)
         order = gemm_into_copies(order, roots)
         outputs = roots[:len(outputs)]
