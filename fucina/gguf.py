@@ -61,6 +61,7 @@ _VERSIONS = (2, 3)
 _DEFAULT_ALIGNMENT = 32
 _MAX_ALIGNMENT = 1 << 20
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_NESTING = 32  # arrays of arrays in metadata (llama.cpp's own keys nest at most 1)
 
 # GGML type code -> fucina dtype. Q2_0 (PrismML's g128 ternary, code 42) is not in
 # gguf-py's enum; its block layout is fucina.BlockQ2_0.
@@ -92,9 +93,14 @@ _NP_SCALARS: dict[int, str] = {
 
 
 def _ggml_sizes(code: int) -> tuple[int, int]:
-    """(elements per block, bytes per block) of a GGML type code."""
-    if code == _Q2_0_CODE:
-        return BLOCK_SIZES["q2_0"], DType.q2_0.storage.itemsize
+    """(elements per block, bytes per block) of a GGML type code.
+
+    Block formats take fucina's block layout, which is ggml's: gguf-py 0.19's table
+    gives Q8_1 40 bytes where ggml's ``block_q8_1`` has 36 (two halves and 32 int8;
+    fixed upstream in llama.cpp PR 29036)."""
+    dt = _GGML_TO_DTYPE.get(code)
+    if dt is not None and dt.is_block:
+        return BLOCK_SIZES[dt.value], dt.storage.itemsize
     return GGML_QUANT_SIZES[GGMLQuantizationType(code)]
 
 
@@ -156,7 +162,7 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise ModelFileError(f"{self.path}: {what} is not valid UTF-8 ({e})") from None
 
-    def value(self, code: int, what: str) -> Any:
+    def value(self, code: int, what: str, depth: int = 0) -> Any:
         if code in _SCALARS:
             v = self.scalar(code, what)
             return bool(v) if code == GGUFValueType.BOOL else v
@@ -175,7 +181,11 @@ class _Cursor:
             if item not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
                 raise ModelFileError(f"{self.path}: {what} has unknown array item type {item}")
             self.need(count * 8, what)  # every string/array element takes >= 8 bytes
-            return [self.value(item, what) for _ in range(count)]
+            if item == GGUFValueType.ARRAY and depth >= _MAX_NESTING:
+                # (a few bytes per level: a small file could exhaust Python's stack)
+                raise ModelFileError(f"{self.path}: {what} nests arrays deeper than "
+                                     f"{_MAX_NESTING} levels")
+            return [self.value(item, what, depth + 1) for _ in range(count)]
         raise ModelFileError(f"{self.path}: {what} has unknown value type {code}")
 
 
@@ -432,15 +442,17 @@ def _value_type(value: Any, key: str) -> tuple[Any, GGUFValueType, GGUFValueType
     raise ValueError(f"gguf.write: metadata {key!r} has unsupported type {type(value).__name__}")
 
 
-def _wire(name: str, value: Any) -> tuple[np.ndarray, GGMLQuantizationType | None]:
-    """(array for GGUFWriter.add_tensor, raw GGML type) of a fucina tensor or numpy array."""
+def _wire(name: str, value: Any) -> tuple[np.ndarray, GGMLQuantizationType | None,
+                                          tuple[int, ...] | None]:
+    """(array for GGUFWriter.add_tensor, raw GGML type, element shape of block data) of a
+    fucina tensor or numpy array."""
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value)
         if arr.dtype not in (np.float32, np.float16, np.float64, np.int8, np.int16, np.int32,
                              np.int64):
             raise ValueError(f"gguf.write: tensor {name!r} has numpy dtype {arr.dtype}; "
                              "pass a fucina tensor for bf16 or block formats")
-        return arr, None
+        return arr, None, None
     raw_of = getattr(value, "as_raw_tensor", None)
     if raw_of is None:
         raise TypeError(f"gguf.write: tensor {name!r} must be a fucina tensor or numpy array, "
@@ -453,10 +465,13 @@ def _wire(name: str, value: Any) -> tuple[np.ndarray, GGMLQuantizationType | Non
                                  f"{dt.value}")
     arr = np.ascontiguousarray(raw.array())
     if dt.is_block:
-        return arr.view(np.uint8).reshape(arr.shape[:-1] + (-1,)), GGMLQuantizationType(code)
+        # Bytes as int8 with the element shape given: gguf-py derives the shape of uint8
+        # data from its own block sizes (its Q8_1 size is not ggml's; see _ggml_sizes).
+        return arr.view(np.int8).reshape(arr.shape[:-1] + (-1,)), GGMLQuantizationType(code), \
+            tuple(raw.shape)
     if dt is DType.bf16:
-        return arr, GGMLQuantizationType.BF16
-    return arr, None
+        return arr, GGMLQuantizationType.BF16, None
+    return arr, None, None
 
 
 def write(path: str | os.PathLike[str], metadata: Mapping[str, Any],
@@ -479,8 +494,8 @@ def write(path: str | os.PathLike[str], metadata: Mapping[str, Any],
         v, vt, sub = _value_type(value, key)
         w.add_key_value(key, v, vt, sub_type=sub)
     for name, value in tensor_items:
-        arr, raw_dtype = _wire(name, value)
-        w.add_tensor(name, arr, raw_dtype=raw_dtype)
+        arr, raw_dtype, raw_shape = _wire(name, value)
+        w.add_tensor(name, arr, raw_shape=raw_shape, raw_dtype=raw_dtype)
     written = w.format_shard_names(path)
     try:
         w.write_header_to_file()

@@ -215,6 +215,39 @@ def test_malformed_files(tmp_path: Path, raw: bytes, err: type, match: str) -> N
     assert isinstance(info.value, (fucina.TensorError, ValueError))
 
 
+def test_deeply_nested_metadata_arrays(tmp_path: Path) -> None:
+    # Regression: arrays nested 5000 deep in 60 KB let Python's RecursionError escape
+    kv = (struct.pack("<Q", 1) + b"k" + struct.pack("<I", 9)
+          + struct.pack("<IQ", 9, 1) * 5000 + struct.pack("<IQI", 4, 1, 5))
+    p = _write(tmp_path, _gguf_bytes(kv=kv, n_kv=1))
+    with pytest.raises(ModelFileError, match="nests arrays deeper than 32"):
+        G.open(p)
+    kv = struct.pack("<Q", 1) + b"k" + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 3
+    with G.open(_write(tmp_path, _gguf_bytes(kv=kv + struct.pack("<IQI", 4, 1, 5),
+                                             n_kv=1))) as f:
+        assert f.metadata == {"k": [[[[5]]]]}
+
+
+def test_q8_1_uses_ggml_block_size(ctx: fucina.ExecContext, tmp_path: Path) -> None:
+    # Regression: gguf-py 0.19 sizes a Q8_1 block at 40 bytes, ggml (and fucina) at 36, so
+    # a [1, 320] q8_1 tensor was written as [1, 288], and a file laid out by ggml was read
+    # as ending past the end of the file.
+    vals = RNG.standard_normal((1, 320)).astype(np.float32)
+    t = fucina.Tensor("o", "i", dtype="q8_1").from_blocks(ctx, (1, 320),
+                                                         G.encode_f32("q8_1", vals))
+    p = tmp_path / "q81.gguf"
+    G.write(p, {}, {"w": t})
+    with G.open(p) as f:
+        assert f.tensors["w"].shape == (1, 320) and f.tensors["w"].nbytes == 10 * 36
+        back = f.tensor(ctx, "w", ("o", "i"))
+        np.testing.assert_array_equal(back.as_raw_tensor().array().view(np.uint8),
+                                      t.as_raw_tensor().array().view(np.uint8))
+    raw = _gguf_bytes(tensors=[("t", [32, 10], int(gguf.GGMLQuantizationType.Q8_1), 0)],
+                      data=bytes(360))  # ten ggml blocks of 36 bytes
+    with G.open(_write(tmp_path, raw)) as f:
+        assert f.tensors["t"].shape == (10, 32)
+
+
 def test_missing_tensor_and_wrong_tag_count(ctx: fucina.ExecContext, tmp_path: Path) -> None:
     p = _write(tmp_path, _gguf_bytes(tensors=GOOD, data=GOOD_DATA))
     with G.open(p) as f:

@@ -182,6 +182,18 @@ def test_sampler_options_beyond_float_and_numpy_scalars() -> None:
     assert (s.temperature, s.top_p) == (0.5, 0.5)
 
 
+def test_a_tiny_temperature_samples_the_best_logit() -> None:
+    # Regression: logits / 1e-310 overflowed to inf, inf - inf made the probabilities NaN,
+    # and every draw was token 0. The gaps to the best logit are scaled instead.
+    logits = np.array([1.0, 3.0, 2.0, -5.0], np.float32)
+    for t in (1e-300, 1e-310, 5e-324):
+        s = llama._Sampler(t, 0, 1.0, seed=5)
+        assert [s.draw(logits, i) for i in range(8)] == [1] * 8
+    tie = llama._Sampler(5e-324, 0, 1.0, seed=5)  # two best logits share the mass
+    got = {tie.draw(np.array([3.0, 1.0, 3.0], np.float32), i) for i in range(64)}
+    assert got == {0, 2}
+
+
 def test_generation_stops_at_eos(model: llama.LlamaModel,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     ids = model.tokenizer.encode("the cat")

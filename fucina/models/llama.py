@@ -486,12 +486,15 @@ class _Sampler:
     def draw(self, logits: np.ndarray, i: int) -> int:
         if self.temperature == 0.0 or self.top_k == 1:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64) / self.temperature
+        z = logits.astype(np.float64)
         order = np.argsort(-z, kind="stable")  # ties: the lower id first, as argmax
         if self.top_k:
             order = order[:self.top_k]
         zs = z[order]
-        prob = np.exp(zs - zs[0])
+        # The gaps to the best logit are scaled, never the logits: a temperature near the
+        # smallest double overflowed them to inf (inf - inf: NaN probabilities, token 0).
+        with np.errstate(over="ignore"):  # a gap over a tiny temperature is -inf: prob 0
+            prob = np.exp((zs - zs[0]) / self.temperature)
         prob /= prob.sum()
         if self.top_p < 1.0:  # the smallest prefix whose mass reaches top_p
             keep = int(np.searchsorted(np.cumsum(prob), self.top_p)) + 1
