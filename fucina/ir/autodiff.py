@@ -150,10 +150,11 @@ def _binary(n: Node, g: Node) -> Grads:
         return _bin("div", g, b), _neg(_bin("mul", g, _bin("div", n, b)))
     if fn in ("maximum", "minimum"):
         win, lose = ("gt", "lt") if fn == "maximum" else ("lt", "gt")
-        # The winner takes the gradient; exact ties split it evenly (torch).
+        # The winner takes the gradient; exact ties split it evenly; with a NaN on either
+        # side neither loses, so both take it (torch: 1 - lost - tie/2 per operand).
         tie = _scal("mul", _mask("eq", a, b), 0.5)
-        wa = _bin("add", _mask(win, a, b), tie)
-        wb = _bin("add", _mask(lose, a, b), tie)
+        wa = _scal("add", _neg(_bin("add", _mask(lose, a, b), tie)), 1.0)
+        wb = _scal("add", _neg(_bin("add", _mask(win, a, b), tie)), 1.0)
         return _bin("mul", g, wa), _bin("mul", g, wb)
     if fn == "pow":
         return _pow_base_grad(g, a, b), _pow_exponent_grad(n, g, a, b)
