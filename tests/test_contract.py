@@ -160,6 +160,23 @@ def test_typed_dtype_policy(ctx):
     np.testing.assert_array_equal(yb.to("f32").numpy(), [[1, 2], [3, 4]])
 
 
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_a_16_bit_operands_dropped_axis_sums_in_f32(ctx, dt):
+    # Regression: a private axis the output drops was summed and narrowed back to the
+    # operand's dtype before the contraction: 4 x 40000 overflowed f16 to inf, and the
+    # small terms of [1, 2^-12, 2^-12, 0] were rounded away. The contraction widens 16-bit
+    # operands and narrows once.
+    a = F.Tensor("m").from_slice(ctx, (2,), [1.0, 2.0])
+    b = F.Tensor("m", "s").from_slice(ctx, (2, 4), np.full((2, 4), 40000.0)).to(dt)
+    big = 40000.0 if dt == "f16" else float(np.float32(b.to("f32").numpy()[0, 0]))
+    for run in (lambda a, b: a.einsum(b, ("m",)), F.compile(lambda a, b: a.einsum(b, ("m",))),
+                lambda a, b: F.einsum_many(("m",), [a, b])):
+        np.testing.assert_array_equal(run(a, b).numpy(), [4 * big, 8 * big])
+    small = F.Tensor("m", "s").from_slice(ctx, (2, 4), [[1, 2**-12, 2**-12, 0]] * 2).to(dt)
+    np.testing.assert_array_equal(a.einsum(small, ("m",)).numpy(),
+                                  [1 + 2**-11, 2 * (1 + 2**-11)])
+
+
 def test_contraction_gradients_match_torch(ctx):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(6)

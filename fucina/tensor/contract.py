@@ -42,8 +42,9 @@ def _presum(x: Any, node: Node, tags_: tuple[str, ...], drop: Sequence[str]) -> 
     acc = DType.f64 if node.dtype is DType.f64 else DType.f32
     summed = emit("reduce", (node,), fn="sum", axes=axes, dtype=acc)
     rest = tuple(t for t in tags_ if t not in drop)
-    if node.dtype not in (DType.f32, DType.f64):  # keep the operand dtype (f16/bf16)
-        summed = emit("cast", (summed,), dtype=node.dtype, src=acc)
+    # An f16/bf16 operand's partial sum stays f32: the contraction widens 16-bit operands
+    # and narrows its result once (narrowed here too, the sum overflowed f16 at 65504 and
+    # lost its small terms: [1, 2^-12, 2^-12] summed to 1).
     return summed, rest
 
 
