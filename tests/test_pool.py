@@ -114,6 +114,48 @@ def test_a_forked_child_runs_parallel_kernels():
     os.waitpid(pid, 0)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_while_another_thread_compiles_leaves_the_child_working():
+    # Regression: a fork while another thread held Numba's compiler lock left the child
+    # waiting on it for good at its first compile (a CI run hung in the test above).
+    # The fork now waits for the compile to end.
+    import select
+    import threading
+    import time
+
+    from numba.core.compiler_lock import global_compiler_lock
+
+    ctx = F.ExecContext()
+    x = F.Tensor("a", "b").randn(ctx, (1024, 512), 4)
+    want = x.exp().sum("b").numpy()
+    held = threading.Event()
+
+    def compiling():
+        with global_compiler_lock:
+            held.set()
+            time.sleep(0.3)
+
+    t = threading.Thread(target=compiling)
+    t.start()
+    held.wait()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: its first kernel takes the compiler lock
+        try:
+            got = x.exp().sum("b").numpy()
+            os.write(w, b"1" if np.array_equal(got, want) else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    t.join()
+    ready, _, _ = select.select([r], [], [], 60.0)
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert ready, "the forked child hung"
+    assert os.read(r, 1) == b"1"
+
+
 @pytest.mark.parametrize("shape, axis", [
     ((64, 64, 96), "b"),  # 393K elements: parallel over a, swapped over b
     ((300, 1000, 1), "a"),  # one kept axis in blocks: chunks of blocks (the last partial)

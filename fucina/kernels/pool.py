@@ -43,6 +43,7 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba.core.compiler_lock import global_compiler_lock
 from numba.np.ufunc import parallel as _parallel
 
 from .atomics import wait_done
@@ -279,7 +280,19 @@ def _ticks() -> tuple[int, int, int]:
 _POOL = _Pool()
 
 
+def _before_fork() -> None:
+    # No thread may be inside Numba's compiler when the process forks: the child would
+    # inherit the compiler lock held by a thread it does not have, and wait on it for
+    # good at its first compile (a CI run hung in test_a_forked_child_runs_parallel_kernels).
+    global_compiler_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    global_compiler_lock.release()
+
+
 def _after_fork() -> None:
+    global_compiler_lock.release()  # (the forking thread's hold, which the child keeps)
     # A forked child has none of the parent's threads: it starts its own when needed.
     global _POOL, _RING
     _POOL = _Pool()
@@ -287,7 +300,8 @@ def _after_fork() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork)
 
 
 def _num_threads() -> int:
