@@ -56,14 +56,19 @@ def test_cross_entropy_keeps_small_losses_at_large_logits(smooth, compiled):
     np.testing.assert_allclose(x.grad().numpy(), want_grad, rtol=0, atol=2e-7)
 
 
-def test_linear_cross_entropy_at_large_logits():
-    # logits = x . w^T = LOGITS: x picks one column of w per row
+def _linear_operands() -> tuple[np.ndarray, np.ndarray, F.Tensor, F.Tensor]:
+    """x [2, 4] and w [3, 4] with x . w^T = LOGITS: each row of x picks a column of w."""
     ctx = F.ExecContext()
     x0 = np.eye(2, 4, dtype=np.float32)
     w0 = np.zeros((3, 4), np.float32)
     w0[:, :2] = LOGITS.T
     x = F.Tensor("r", "d").variable_from_slice(ctx, x0.shape, x0)
     w = F.Tensor("c", "d").variable_from_slice(ctx, w0.shape, w0)
+    return x0, w0, x, w
+
+
+def test_linear_cross_entropy_at_large_logits():
+    x0, w0, x, w = _linear_operands()
     loss = x.linear_cross_entropy(w, LABELS, reduction="none")
     want_loss, dz = _ce64(LOGITS, LABELS, 0.0)
     np.testing.assert_allclose(loss.numpy(), want_loss, rtol=1e-6, atol=2e-7)
@@ -73,12 +78,7 @@ def test_linear_cross_entropy_at_large_logits():
 
 
 def test_linear_distill_at_large_logits():
-    ctx = F.ExecContext()
-    x0 = np.eye(2, 4, dtype=np.float32)
-    w0 = np.zeros((3, 4), np.float32)
-    w0[:, :2] = LOGITS.T
-    x = F.Tensor("r", "d").variable_from_slice(ctx, x0.shape, x0)
-    w = F.Tensor("c", "d").variable_from_slice(ctx, w0.shape, w0)
+    x0, _, x, w = _linear_operands()
     rows, classes, probs = [0, 1, 0], [0, 1, 1], [1.0, 1.0, 0.0]
     loss = x.linear_distill(w, rows, classes, probs, reduction="sum")
     want_loss, dz = _ce64(LOGITS, LABELS, 0.0)  # the entries with weight 1 are the labels

@@ -96,22 +96,36 @@ def test_concurrent_callers_each_get_all_their_chunks(as_rows):
     assert len(ok) == 200 and all(ok)
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_runs_parallel_kernels():
-    ctx = F.ExecContext()
-    x = F.Tensor("a", "b").randn(ctx, (1024, 512), 3)  # above the parallel threshold
-    want = x.exp().sum("b").numpy()
+def _child_result(x, want, meanwhile=None) -> bool:
+    """Fork; the child runs ``x.exp().sum("b")`` (its pool has no threads until it needs
+    them) and reports whether it equals ``want``. The parent runs ``meanwhile`` first, and
+    gives the child 60 s (a hung child fails the test instead of hanging the suite)."""
+    import select
+
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: its pool has no threads until it needs them
+    if pid == 0:
         try:
             got = x.exp().sum("b").numpy()
             os.write(w, b"1" if np.array_equal(got, want) else b"0")
         finally:
             os._exit(0)
     os.close(w)
-    assert os.read(r, 1) == b"1"
+    if meanwhile is not None:
+        meanwhile()
+    ready, _, _ = select.select([r], [], [], 60.0)
+    if not ready:
+        os.kill(pid, 9)
     os.waitpid(pid, 0)
+    assert ready, "the forked child hung"
+    return os.read(r, 1) == b"1"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_parallel_kernels():
+    ctx = F.ExecContext()
+    x = F.Tensor("a", "b").randn(ctx, (1024, 512), 3)  # above the parallel threshold
+    assert _child_result(x, x.exp().sum("b").numpy())
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -119,7 +133,6 @@ def test_a_fork_while_another_thread_compiles_leaves_the_child_working():
     # Regression: a fork while another thread held Numba's compiler lock left the child
     # waiting on it for good at its first compile (a CI run hung in the test above).
     # The fork now waits for the compile to end.
-    import select
     import threading
     import time
 
@@ -138,22 +151,7 @@ def test_a_fork_while_another_thread_compiles_leaves_the_child_working():
     t = threading.Thread(target=compiling)
     t.start()
     held.wait()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: its first kernel takes the compiler lock
-        try:
-            got = x.exp().sum("b").numpy()
-            os.write(w, b"1" if np.array_equal(got, want) else b"0")
-        finally:
-            os._exit(0)
-    os.close(w)
-    t.join()
-    ready, _, _ = select.select([r], [], [], 60.0)
-    if not ready:
-        os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    assert ready, "the forked child hung"
-    assert os.read(r, 1) == b"1"
+    assert _child_result(x, want, meanwhile=t.join)
 
 
 @pytest.mark.parametrize("shape, axis", [
