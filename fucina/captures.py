@@ -35,6 +35,7 @@ import decimal
 import enum
 import fractions
 import functools
+import math
 import sys
 import types
 from typing import Any
@@ -190,7 +191,9 @@ def same_value(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     try:
         if a == b:
-            return True
+            # 0.0 == -0.0, but code may branch on the sign (math.copysign, 1 / x)
+            return not (isinstance(a, (float, np.floating)) and a == 0
+                        and math.copysign(1.0, a) != math.copysign(1.0, b))
     except Exception:
         return False
     return isinstance(a, (float, complex, np.floating)) and a != a and b != b
@@ -217,8 +220,8 @@ class Check:
             typ, items, types_ = v
             if type(obj) is not typ:
                 return False
-            if obj == items and tuple(map(type, obj)) == types_:
-                return True
+            if obj == items and tuple(map(type, obj)) == types_ and 0.0 not in items:
+                return True  # (a zero item may have changed sign: compared below)
             return same_value(list(obj), list(items)) if len(obj) == len(items) else False
         if kind == "len":
             typ, n = v

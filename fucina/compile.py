@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import struct
 import sys
 import threading
 import typing
@@ -116,6 +117,8 @@ class _Args:
                 f"tuples/lists/dicts of those; {what} is a {type(a).__name__}") from None
         self.statics.append(a)
         # The type is part of the key: 1, 1.0 and True trace differently.
+        if isinstance(a, (float, np.floating)):  # -0.0 is not 0.0; a NaN matches itself
+            return ("S", type(a), struct.pack("<d", float(a)))
         return ("S", type(a), a)
 
     def rebuild(self, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -392,3 +392,33 @@ def test_a_class_built_while_tracing_reads_its_constructors_globals_again(ctx):
     INIT_SCALE = 3.0
     np.testing.assert_array_equal(fast(x).numpy(), [3, 6])
     INIT_SCALE = 2.0
+
+
+def test_the_sign_of_a_zero_static_or_captured_float_retraces(ctx):
+    # Regression: 0.0 == -0.0, so a static argument or a captured float changing sign
+    # kept the trace of the other sign (code branching on copysign was stale); and a NaN
+    # static argument never matched its own trace (each call traced again).
+    import math
+
+    x = F.Tensor("d").from_slice(ctx, (2,), [1.0, 2.0])
+
+    def f(t, k):
+        return t.scale(math.copysign(1.0, k))
+
+    fast = F.compile(f)
+    for k in (0.0, -0.0, 0.0, -0.0):
+        np.testing.assert_array_equal(fast(x, k).numpy(), f(x, k).numpy())
+    assert fast.cache_size() == 2
+    nan = F.compile(lambda t, k: t.scale(k))
+    for _ in range(3):
+        nan(x, float("nan"))
+    assert nan.cache_size() == 1
+    box = {"k": 0.0, "ks": [0.0, 1.0]}
+
+    def g(t):
+        return t.scale(math.copysign(1.0, box["k"]) * math.copysign(1.0, box["ks"][0]))
+
+    fg = F.compile(g)
+    for k, ks in ((0.0, 0.0), (-0.0, 0.0), (-0.0, -0.0), (0.0, -0.0)):
+        box["k"], box["ks"][0] = k, ks
+        np.testing.assert_array_equal(fg(x).numpy(), g(x).numpy())
