@@ -524,3 +524,33 @@ def test_the_first_bad_divisor_in_trace_order_names_the_error(ctx, first):
     for run in (f, F.compile(f)):
         with pytest.raises(F.DivisionByZero, match=f"^{first}: the divisor holds a zero"):
             run(x, z)
+
+
+def test_minus_a_numpy_integer_scalar_does_not_wrap(ctx):
+    # Regression: x - s negated s as given, so -np.uint8(3) wrapped to 253 and
+    # -np.int32(-2**31) stayed negative; x.sub_scalar(s) and s - x were right.
+    x = F.Tensor("a").from_slice(ctx, (2,), [1.0, 2.0])
+    for s, want in ((np.uint8(3), [-2.0, -1.0]), (np.int32(-2**31), [2.0**31 + 1, 2.0**31 + 2]),
+                    (np.uint64(2**64 - 1), [1.0 - 2.0**64, 2.0 - 2.0**64])):
+        for run in (lambda t, s=s: t - s, F.compile(lambda t, s=s: t - s)):
+            np.testing.assert_array_equal(run(x).numpy(), np.float32(want))
+
+
+@pytest.mark.parametrize("op", ["&", "|", "^"])
+def test_mask_operators_take_masks_only(ctx, op):
+    # Regression: m & i (| ^) read an integer tensor's truthiness, while i & m refused;
+    # the operators combine masks with masks (logical_and still reads truthiness).
+    import operator
+
+    fn = {"&": operator.and_, "|": operator.or_, "^": operator.xor}[op]
+    m = F.Tensor("k", dtype="bool").from_slice(ctx, (3,), [True, True, False])
+    n = F.Tensor("k", dtype="bool").from_slice(ctx, (3,), [True, False, False])
+    for other in (F.Tensor("k", dtype="i8").from_slice(ctx, (3,), [2, 4, 1]),
+                  F.Tensor("k").from_slice(ctx, (3,), [2.0, 0.0, 1.0])):
+        for run in (fn, F.compile(fn)):
+            with pytest.raises(F.TagError, match="requires matching dtypes"):
+                run(m, other)
+    want = fn(np.array([True, True, False]), np.array([True, False, False]))
+    np.testing.assert_array_equal(fn(m, n).numpy(), want)
+    np.testing.assert_array_equal(m.logical_and(F.Tensor("k").from_slice(
+        ctx, (3,), [2.0, 0.0, 1.0])).numpy(), [True, False, False])

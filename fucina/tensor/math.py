@@ -289,8 +289,8 @@ class FloatArithmetic(Tensor):
         """``a - b`` is :meth:`sub`; ``a - 2.0`` subtracts a scalar."""
         if isinstance(other, Tensor):
             return binary(self, other, "sub")
-        if _is_number(other):
-            return scalar_op(self, "add", -other, "other")
+        if _is_number(other):  # (negated as a float: -np.uint8(3) wraps to 253)
+            return scalar_op(self, "add", -real_arg(other, "other"), "other")
         return _foreign(other, "-")
 
     def __rsub__(self, other: float) -> Self:
@@ -441,6 +441,15 @@ class Logic(Tensor):
         return result(self, self.axis_tags, node, DType.bool)
 
 
+def _mask_op(self: Any, other: Tensor, fn: str) -> Any:
+    """``m & n`` (| ^): masks combine with masks only, as ``i & m`` refuses the other way
+    (:meth:`logical_and` itself reads any tensor's truthiness)."""
+    if isinstance(other, Tensor) and other.dtype is not DType.bool:
+        raise TagError(f"pointwise {fn} requires matching dtypes (bool vs "
+                       f"{other.dtype.value}); cast explicitly with to()")
+    return _logical(self, other, fn)
+
+
 class BoolOperators(Tensor):
     """``~m``, ``m & n``, ``m | n``, ``m ^ n`` on bool masks: the logical ops."""
 
@@ -455,19 +464,19 @@ class BoolOperators(Tensor):
         """``m & n`` is :meth:`logical_and`."""
         if not isinstance(other, Tensor):
             return _reflected(self, other, "&")
-        return _logical(self, other, "logical_and")
+        return _mask_op(self, other, "logical_and")
 
     def __or__(self, other: Tensor) -> Self:
         """``m | n`` is :meth:`logical_or`."""
         if not isinstance(other, Tensor):
             return _reflected(self, other, "|")
-        return _logical(self, other, "logical_or")
+        return _mask_op(self, other, "logical_or")
 
     def __xor__(self, other: Tensor) -> Self:
         """``m ^ n`` is :meth:`logical_xor`."""
         if not isinstance(other, Tensor):
             return _reflected(self, other, "^")
-        return _logical(self, other, "logical_xor")
+        return _mask_op(self, other, "logical_xor")
 
     def __rand__(self, other: object) -> Any:
         """``True & m``: TypeError (masks combine with masks only)."""
