@@ -420,13 +420,14 @@ def _check_argument_updates(entry: _Entry, a: _Args, found: list[Any]) -> None:
                     "pass tensors with their own storage or call the function eagerly")
 
 
-def _check_capture_writes(entry: _Entry, nodes: list[Node]) -> None:
+def _check_capture_writes(entry: _Entry, a: _Args, found: list[Any]) -> None:
     """No argument may share memory with a captured tensor the program writes: the
-    program reads arguments as they were at the call, where eager would see the write."""
+    program reads arguments as they were at the call, where eager would see the write.
+    (Checked before anything of the call runs, optimizer prologues included.)"""
     for w in entry.slot_writes:
-        st = nodes[w].value.storage
-        for j, (kind, v) in enumerate(entry.bindings):
-            if kind == "arg" and _same_memory(nodes[j].value.storage, st):
+        st = found[entry.bindings[w][1]]._node.value.storage
+        for kind, v in entry.bindings:
+            if kind == "arg" and _same_memory(a.tensors[v]._node.value.storage, st):
                 raise TypeError(
                     f"fucina.compile: the function writes into a captured tensor whose "
                     f"memory argument {v} shares: the program reads its inputs as they were "
@@ -822,11 +823,11 @@ class Compiled:
         entry, a, found = self._lookup(args, kwargs)
         if entry.arg_writes or entry.consumed:
             _check_argument_updates(entry, a, found)
+        if entry.slot_writes:
+            _check_capture_writes(entry, a, found)
         for prologue in entry.prologues:
             prologue()
         nodes = entry.bound(a, found)
-        if entry.slot_writes:
-            _check_capture_writes(entry, nodes)
         in_raws = [n.value for n in nodes]
         raws = entry.program.run(in_raws)
         for k in entry.consumed:  # a take_* op consumed this argument, as eager does

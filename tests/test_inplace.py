@@ -381,3 +381,27 @@ def test_one_tensor_consumed_through_one_position_is_gone_in_the_other(ctx):
         t = _x(ctx)
         with pytest.raises(F.Deinitialized):
             call(t, t)
+
+
+def test_a_refused_capture_alias_runs_no_optimizer_bookkeeping(ctx):
+    # The alias check runs before the call's optimizer prologue: a refused call must not
+    # advance Adam's step count (its bias correction would then differ from eager's).
+    def make():
+        w = F.Tensor("r", "c").variable_from_slice(ctx, (2, 3), X0)
+        opt = F.optim.Adam([w], lr=0.1)
+
+        def step(x):
+            opt.zero_grad()
+            w.mul(x).sum_all().backward()
+            opt.step()
+            return x.scale(1.0)
+        return w, step
+
+    (we, eager), (wc, comp) = make(), make()
+    fast = F.compile(comp)
+    with pytest.raises(TypeError, match="captured tensor whose memory argument 0 shares"):
+        fast(F.Tensor("r", "c").from_borrowed_slice(ctx, (2, 3), wc.detach().data()))
+    x = _x(ctx)
+    eager(x)
+    fast(x)
+    np.testing.assert_array_equal(wc.numpy(), we.numpy())
