@@ -2,7 +2,8 @@
 
 Before tracing, :func:`discover` walks what the function can reach: its
 closure cells, the globals its code names, its defaults, and from there into
-lists, tuples, deques, dicts, the attributes of objects (those some reachable
+lists, tuples, deques, dicts and other mappings (ChainMap, MappingProxyType, weak
+dicts), the attributes of objects and of ``threading.local`` (those some reachable
 code mentions by name or as a string constant; all of them where the code
 uses ``getattr``, ``vars`` or ``__dict__``), user classes (class attributes,
 and their methods with what those read), bound methods, ``functools.partial``
@@ -12,7 +13,7 @@ and other compiled functions. Each thing found is remembered with the *path* tha
 - a tensor becomes a capture slot: if the trace uses it, it is an implicit
   program input, read through its path at every call (rebinding ``w`` and
   calling again reads the new tensor, no retrace);
-- a Python value (number, string, tuple/list/dict of them, numpy array) and
+- a Python value (number, string, tuple/list/dict of them, numpy array, bytearray) and
   the identity of a function or class become guards: at every call the path
   is read again and compared with the value the trace saw; any difference
   retraces.
@@ -31,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import collections.abc
 import decimal
 import enum
 import fractions
 import functools
 import math
 import sys
+import threading
 import types
 from typing import Any
 
@@ -228,6 +231,9 @@ class Check:
             return type(obj) is typ and len(obj) == n
         if kind == "keys":
             return type(obj) is dict and tuple(obj) == v
+        if kind == "mkeys":  # (type, keys) of a library mapping
+            typ, keys = v
+            return type(obj) is typ and tuple(obj) == keys
         raise KeyError(kind)
 
 
@@ -417,6 +423,14 @@ class _Walker:
             self._sequence(obj, path, depth)
         elif isinstance(obj, dict):
             self._dict(obj, path, depth)
+        elif isinstance(obj, bytearray):  # mutable bytes: guarded by a copy of the value
+            caps.add_check(path, Check("eq", bytearray(obj)))
+        elif isinstance(obj, threading.local):
+            # The attributes the code names, read in the calling thread at every call (a
+            # per-thread value guarded by identity was the first thread's for good).
+            self._instance(obj, path, depth)
+        elif isinstance(obj, collections.abc.Mapping) and not _walkable_type(type(obj)):
+            self._mapping(obj, path, depth)  # ChainMap, MappingProxyType, weak dicts...
         elif isinstance(obj, (set, frozenset)):
             if all(isinstance(x, PRIMITIVES) for x in obj):
                 caps.add_check(path, Check("eq", frozenset(obj) if isinstance(obj, frozenset)
@@ -460,6 +474,20 @@ class _Walker:
         self.caps.add_check(path, Check("len", (type(obj), len(obj))))
         for k, x in enumerate(obj):
             self.visit(x, path + (("item", k),), depth + 1)
+
+    def _mapping(self, obj: collections.abc.Mapping[Any, Any], path: Path,
+                 depth: int) -> None:
+        """A library mapping other than dict, walked through its items like a dict."""
+        try:
+            keys = tuple(obj)
+        except Exception:  # (a mapping that cannot be iterated: identity only)
+            keys = None
+        if keys is None or not all(isinstance(k, PRIMITIVES) for k in keys):
+            self.caps.add_check(path, Check("is", obj))
+            return
+        self.caps.add_check(path, Check("mkeys", (type(obj), keys)))
+        for k in keys:
+            self.visit(obj[k], path + (("item", k),), depth + 1)
 
     def _dict(self, obj: dict[Any, Any], path: Path, depth: int) -> None:
         keys = tuple(obj)

@@ -422,3 +422,55 @@ def test_the_sign_of_a_zero_static_or_captured_float_retraces(ctx):
     for k, ks in ((0.0, 0.0), (-0.0, 0.0), (-0.0, -0.0), (0.0, -0.0)):
         box["k"], box["ks"][0] = k, ks
         np.testing.assert_array_equal(fg(x).numpy(), g(x).numpy())
+
+
+def test_tensors_and_values_inside_library_containers_are_read_at_each_call(ctx):
+    # Regression: a threading.local, a ChainMap, a MappingProxyType, a weak-value dict and
+    # a bytearray were guarded by identity only, so a compiled function kept the value of
+    # its first trace (for every thread, for threading.local) after their contents changed.
+    import collections
+    import threading
+    import types
+    import weakref
+
+    T = F.Tensor("d")
+
+    def v(a):
+        return T.from_slice(ctx, (3,), [float(a)] * 3)
+
+    x = v(1)
+    keep = [v(1), v(7)]
+    wd = weakref.WeakValueDictionary(w=keep[0])
+    cm = collections.ChainMap({"w": v(1)})
+    mp = {"w": v(1)}
+    px = types.MappingProxyType(mp)
+    ba = bytearray(b"\x02")
+    cases = [(lambda t: t.mul(wd["w"]).sum_all(), lambda: wd.__setitem__("w", keep[1])),
+             (lambda t: t.mul(cm["w"]).sum_all(), lambda: cm.__setitem__("w", v(3))),
+             (lambda t: t.mul(px["w"]).sum_all(), lambda: mp.__setitem__("w", v(8))),
+             (lambda t: t.scale(float(ba[0])).sum_all(), lambda: ba.__setitem__(0, 5))]
+    for fn, change in cases:
+        fast = F.compile(fn)
+        assert fast(x).item() == fn(x).item()
+        change()
+        assert fast(x).item() == fn(x).item()
+
+    tl = threading.local()
+
+    def h(t):
+        return t.mul(tl.w).sum_all()
+
+    fast = F.compile(h)
+    got = {}
+
+    def run(k):
+        tl.w = v(k)
+        got[k] = (fast(x).item(), h(x).item())
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (1, 2, 3)]
+    for t in threads:
+        t.start()
+        t.join()
+    assert got == {1: (3.0, 3.0), 2: (6.0, 6.0), 3: (9.0, 9.0)}
+    tl.w = v(5)
+    assert fast(x).item() == h(x).item() == 15.0
