@@ -426,8 +426,8 @@ def _check_capture_writes(entry: _Entry, a: _Args, found: list[Any]) -> None:
     (Checked before anything of the call runs, optimizer prologues included.)"""
     for w in entry.slot_writes:
         st = found[entry.bindings[w][1]]._node.value.storage
-        for kind, v in entry.bindings:
-            if kind == "arg" and _same_memory(a.tensors[v]._node.value.storage, st):
+        for v in entry.arg_inputs:
+            if _same_memory(a.tensors[v]._node.value.storage, st):
                 raise TypeError(
                     f"fucina.compile: the function writes into a captured tensor whose "
                     f"memory argument {v} shares: the program reads its inputs as they were "
@@ -497,6 +497,8 @@ class _Entry:
         # argument over their memory would be read as it was at the call.
         self.slot_writes = sorted({k for k, _ in tracer.writes()
                                    if tracer.bindings[k][0] == "slot"})
+        # The arguments the program reads (per call, checked against slot_writes).
+        self.arg_inputs = sorted({v for kind, v in tracer.bindings if kind == "arg"})
         self.consumed = tracer.consumed
         self.grad_presence = sorted(tracer.grad_presence.items())
 

@@ -77,6 +77,14 @@ def _const_node(arr: np.ndarray, dtype: DType) -> Node:
     return leaf(RawTensor.from_array(dtype, arr, arr.shape), None, False)
 
 
+def _check_sizes(data: Any, tags: Sequence[str], shape: Sequence[int], what: str) -> None:
+    """``data`` (holding ``tags`` in any order) has ``shape``'s size at each tag."""
+    sizes = dict(zip(data.axis_tags, data.shape))
+    for t, d in zip(tags, shape):
+        if sizes[t] != d:
+            raise ShapeMismatch(f"{what}: tag {t!r} has size {sizes[t]}, expected {d}")
+
+
 def index_node(self: Any, data: Any, count: int, what: str,
                rest: tuple[tuple[str, ...], tuple[int, ...]] | None = None) -> Node:
     """An i64 [count] node from host index data or an integer tensor.
@@ -95,10 +103,8 @@ def index_node(self: Any, data: Any, count: int, what: str,
         if node.value.numel != count:
             raise InvalidShape(f"{node.value.numel} {what} for {count} positions")
         if rest is not None and rest[0] and set(data.axis_tags) == set(rest[0]):
-            sizes = dict(zip(data.axis_tags, data.shape))
-            for t, d in zip(*rest):
-                if sizes[t] != d:  # (same count, other sizes: the labels of other positions)
-                    raise ShapeMismatch(f"{what}: tag {t!r} has size {sizes[t]}, expected {d}")
+            # (same count, other sizes: the labels of other positions)
+            _check_sizes(data, rest[0], rest[1], what)
             node = align_node(data, rest[0], rest[1])
         if not node.value.is_contiguous():
             node = emit("copy", (node,))
@@ -197,10 +203,7 @@ def _target(self: Any, target: Any) -> Node:
         raise TagError(f"target must be f32, got {target.dtype.value}")
     if set(target.axis_tags) != set(self.axis_tags):
         raise TagError(f"target tags {target.axis_tags} differ from {self.axis_tags}")
-    sizes = dict(zip(target.axis_tags, target.shape))
-    for t, d in zip(self.axis_tags, self.shape):
-        if sizes[t] != d:
-            raise ShapeMismatch(f"target: tag {t!r} has size {sizes[t]}, expected {d}")
+    _check_sizes(target, self.axis_tags, self.shape, "target")
     return align_node(target, self.axis_tags, self.shape)
 
 

@@ -158,16 +158,15 @@ def _pad2d(self: Any, h: str, w: str, padding: Any, fill: float) -> Any:
         crop_lo, crop_hi = max(0, -lo), max(0, -hi)
         # Crop, then pad; when one side's crop passes the other side's edge (torch keeps
         # the fill positions: width 1 padded (2, -1) is [fill, fill]), pad first.
+        # (then one side pads, as the result is not empty)
         first_pad = dim - crop_lo - crop_hi <= 0
-        if first_pad or lo > 0 or hi > 0:
-            if not first_pad and (crop_lo or crop_hi):
-                x = _crop(x, tag, crop_lo, crop_hi)
+        if not first_pad and (crop_lo or crop_hi):
+            x = _crop(x, tag, crop_lo, crop_hi)
+        if lo > 0 or hi > 0:
             x = result(x, x.axis_tags, _pad_node(x._node, T.index(x.axis_tags, tag),
                                                  max(lo, 0), max(hi, 0), fill))
             padded = True
-            if first_pad:
-                x = _crop(x, tag, crop_lo, crop_hi)
-        elif crop_lo or crop_hi:
+        if first_pad:
             x = _crop(x, tag, crop_lo, crop_hi)
     # Padding allocates; pure crops are views, so copy them to return owned storage.
     return x if padded else x.materialize()
